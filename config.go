@@ -1,0 +1,311 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Header names idem reads and writes.
+const (
+	// HeaderKey is the request field carrying the idempotency key; idem
+	// echoes it (in Structured Field string form) on every response for a
+	// request with a valid key.
+	HeaderKey = "Idempotency-Key"
+	// HeaderReplayed is "true" on a replayed response and "false" on every
+	// other response idem handles.
+	HeaderReplayed = "Idempotency-Replayed"
+	// HeaderExpiresAt carries, in RFC 3339 UTC, when the record for the key
+	// expires: until then retries replay; afterwards the key is new again.
+	HeaderExpiresAt = "Idempotency-Key-Expires-At"
+)
+
+// Defaults of Config.
+const (
+	DefaultLease           = 30 * time.Second
+	DefaultTTL             = 24 * time.Hour
+	DefaultRetryAfter      = time.Second
+	DefaultStoreTimeout    = 10 * time.Second
+	DefaultMaxRequestBody  = 1 << 20
+	DefaultMaxResponseBody = 1 << 20
+	// MinLease is the shortest lease Config accepts: renewal runs every
+	// third of a lease and must have time to reach the store.
+	MinLease = 50 * time.Millisecond
+)
+
+// KeyRequirement says whether requests must, may or must not carry a key.
+type KeyRequirement int
+
+const (
+	// KeyByMethod requires a key for the methods in Config.RequiredMethods
+	// and passes every other request through untouched. It is the default.
+	KeyByMethod KeyRequirement = iota
+	// KeyRequired requires a key on every request (400 without one).
+	KeyRequired
+	// KeyOptional protects requests that carry a key and passes the others
+	// through.
+	KeyOptional
+	// KeyOff passes every request through untouched.
+	KeyOff
+)
+
+// Outcome is what the outcome policy decides for a finished operation.
+type Outcome int
+
+const (
+	// OutcomeStore completes the record with the response; retries replay
+	// it.
+	OutcomeStore Outcome = iota + 1
+	// OutcomeRelease deletes the record; the client may retry with the same
+	// key and the operation runs again.
+	OutcomeRelease
+)
+
+// DefaultOutcome is the default outcome policy: store 2xx, 3xx and
+// deterministic 4xx responses; release on 5xx and on 408 (Request Timeout),
+// 425 (Too Early) and 429 (Too Many Requests), which invite a retry.
+func DefaultOutcome(status int) Outcome {
+	switch {
+	case status >= 500, status == http.StatusRequestTimeout,
+		status == http.StatusTooEarly, status == http.StatusTooManyRequests:
+		return OutcomeRelease
+	}
+	return OutcomeStore
+}
+
+// Config configures an Executor or a Middleware. A nil *Config means every
+// default, and so does each zero field. Fields marked "Middleware only" are
+// ignored by NewExecutor.
+type Config struct {
+	// Lease is how long a claim owns a record without renewal. The owner
+	// renews it every third of a lease while the operation runs, so an
+	// operation may run longer than one lease; a crashed owner's record can
+	// be taken over once its lease has passed. Defaults to 30 seconds; at
+	// least MinLease.
+	Lease time.Duration
+
+	// TTL is how long a record is retained, counted from the claim that
+	// executed the operation. Retries within it replay; afterwards the key
+	// is new again. Defaults to 24 hours.
+	TTL time.Duration
+
+	// Wait, when positive, lets a duplicate of an in-flight request wait up
+	// to this long for the first attempt and then replay its response,
+	// instead of answering 409 at once. Waiting goes through the store (a
+	// Watcher if it has one, otherwise polling with exponential back-off),
+	// so it works across processes. Defaults to 0: no waiting.
+	Wait time.Duration
+
+	// RetryAfter is the Retry-After value sent with 409 (in progress) and
+	// 503 (store unavailable, lease lost), rounded up to whole seconds.
+	// Defaults to 1 second.
+	RetryAfter time.Duration
+
+	// StoreTimeout bounds each store call made after the operation ran
+	// (complete, release) and each renewal. These calls do not use the
+	// request's context, so a client that disconnects cannot cancel the
+	// recording of work that was done. Defaults to 10 seconds.
+	StoreTimeout time.Duration
+
+	// OutcomeFunc decides, from the response status, whether a finished
+	// operation is stored or released. Defaults to DefaultOutcome.
+	OutcomeFunc func(status int) Outcome
+
+	// NowFunc is the clock: it supplies Now to every store call (stores with
+	// their own server clock ignore it) and times events. Defaults to
+	// time.Now.
+	NowFunc func() time.Time
+
+	// Observer is told about every outcome. Defaults to none.
+	Observer Observer
+
+	// Logger receives warnings and errors (store failures, lost leases,
+	// take-overs, panics). Keys are logged as a short hash unless LogKeys is
+	// set. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// LogKeys logs idempotency keys in clear. Keys may be sensitive
+	// (clients sometimes build them from order or user identifiers).
+	// Defaults to false.
+	LogKeys bool
+
+	// Requirement says which requests need a key. Middleware only. Defaults
+	// to KeyByMethod.
+	Requirement KeyRequirement
+
+	// RequiredMethods are the methods that need a key under KeyByMethod.
+	// Middleware only. Defaults to POST and PATCH.
+	RequiredMethods []string
+
+	// ValidateKeyFunc narrows the keys accepted beyond ParseKey's rules
+	// (for example, to UUIDs). A non-nil error is answered with 400
+	// idempotency.key_invalid and the error's text as detail. Middleware
+	// only. Defaults to none.
+	ValidateKeyFunc func(key string) error
+
+	// ScopeFunc returns the tenant or principal a request belongs to; the
+	// record scope is this tenant plus the operation, so tenants never see
+	// each other's records. An error is answered as it is if it is a
+	// *Problem, and otherwise with 400 idempotency.scope_invalid. Middleware
+	// only. Defaults to a single scope for everyone.
+	ScopeFunc func(r *http.Request) (string, error)
+
+	// OperationFunc names the operation a request invokes. Middleware only.
+	// Defaults to the request's ServeMux pattern (http.Request.Pattern) or,
+	// without one, the method and the URL path.
+	OperationFunc func(r *http.Request) string
+
+	// FingerprintFunc, if set, returns the payload to fingerprint instead of
+	// the canonicalised body: a normalised form (so that "usd" and "USD" are
+	// one request) or selected fields. It runs before the key is claimed,
+	// so it is also the place to reject invalid requests without consuming
+	// the key: an error is answered as it is if it is a *Problem, and
+	// otherwise with 400 idempotency.body_invalid. Returning (nil, nil) uses
+	// the default fingerprint. Middleware only.
+	FingerprintFunc func(r *http.Request, body []byte) ([]byte, error)
+
+	// MaxRequestBody is the largest request body, in bytes, that a
+	// protected request may carry; larger ones are answered with 413 before
+	// any key is claimed. Middleware only. Defaults to 1 MiB.
+	MaxRequestBody int64
+
+	// MaxResponseBody is the largest response body, in bytes, that is
+	// stored for replay. A larger response is still sent in full to the
+	// first client, and the record completes without a body (see
+	// Response.Unreplayable). Middleware only. Defaults to 1 MiB.
+	MaxResponseBody int
+
+	// ReplayDenyHeaders are response header fields that are never stored
+	// or replayed, in addition to the hop-by-hop fields and Date, which
+	// never are. Middleware only. Defaults to Set-Cookie; set an empty,
+	// non-nil slice to store every other field.
+	ReplayDenyHeaders []string
+
+	// FailOpen runs the handler without protection when the store cannot
+	// be reached, instead of answering 503. Use it only on routes where a
+	// duplicate is cheaper than an outage. Middleware only. Defaults to
+	// false: fail closed.
+	FailOpen bool
+
+	// ErrorFunc writes every error response idem produces. The idempotency
+	// headers are already set on w. Middleware only. Defaults to
+	// WriteProblem.
+	ErrorFunc func(w http.ResponseWriter, r *http.Request, p *Problem)
+}
+
+// resolve returns a copy of c with defaults filled in, or an error for a
+// value that cannot work.
+func (c *Config) resolve() (Config, error) {
+	var r Config
+	if c != nil {
+		r = *c
+	}
+	if r.Lease == 0 {
+		r.Lease = DefaultLease
+	}
+	if r.Lease < MinLease {
+		return r, fmt.Errorf("idem: Lease %v is shorter than MinLease %v", r.Lease, MinLease)
+	}
+	if r.TTL == 0 {
+		r.TTL = DefaultTTL
+	}
+	if r.TTL < r.Lease {
+		return r, fmt.Errorf("idem: TTL %v is shorter than Lease %v", r.TTL, r.Lease)
+	}
+	if r.Wait < 0 {
+		return r, errors.New("idem: Wait is negative")
+	}
+	if r.RetryAfter == 0 {
+		r.RetryAfter = DefaultRetryAfter
+	}
+	if r.RetryAfter < 0 {
+		return r, errors.New("idem: RetryAfter is negative")
+	}
+	if r.StoreTimeout == 0 {
+		r.StoreTimeout = DefaultStoreTimeout
+	}
+	if r.StoreTimeout < 0 {
+		return r, errors.New("idem: StoreTimeout is negative")
+	}
+	if r.OutcomeFunc == nil {
+		r.OutcomeFunc = DefaultOutcome
+	}
+	if r.NowFunc == nil {
+		r.NowFunc = time.Now
+	}
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
+	if r.Requirement < KeyByMethod || r.Requirement > KeyOff {
+		return r, fmt.Errorf("idem: unknown Requirement %d", r.Requirement)
+	}
+	if r.RequiredMethods == nil {
+		r.RequiredMethods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if r.MaxRequestBody == 0 {
+		r.MaxRequestBody = DefaultMaxRequestBody
+	}
+	if r.MaxRequestBody < 0 {
+		return r, errors.New("idem: MaxRequestBody is negative")
+	}
+	if r.MaxResponseBody == 0 {
+		r.MaxResponseBody = DefaultMaxResponseBody
+	}
+	if r.MaxResponseBody < 0 {
+		return r, errors.New("idem: MaxResponseBody is negative")
+	}
+	if r.ReplayDenyHeaders == nil {
+		r.ReplayDenyHeaders = []string{"Set-Cookie"}
+	}
+	if r.ErrorFunc == nil {
+		r.ErrorFunc = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
+	}
+	return r, nil
+}
+
+func (c *Config) retryAfterSeconds() int {
+	s := int((c.RetryAfter + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// Scope returns the record scope for a tenant and an operation, as the
+// middleware builds it. Non-HTTP callers of Executor.Do use it so that their
+// records follow the same rule: one tenant's key never meets another's, and
+// the same key on two operations names two records. The tenant is
+// length-prefixed, so no choice of tenant can imitate another scope.
+func Scope(tenant, operation string) string {
+	return strconv.Itoa(len(tenant)) + ":" + tenant + "|" + operation
+}
+
+// ctxKey is the type of idem's context keys.
+type ctxKey int
+
+const (
+	txHolderKey ctxKey = iota
+	infoKey
+)
+
+// RequestInfo describes the idempotent execution a handler runs in.
+type RequestInfo struct {
+	// Key is the idempotency key.
+	Key string
+	// Scope is the record scope (see Scope).
+	Scope string
+	// ExpiresAt is when the record expires.
+	ExpiresAt time.Time
+	// TookOver reports that this execution took over a record whose
+	// previous owner's lease had expired.
+	TookOver bool
+}
+
+// InfoFromContext returns the RequestInfo of the idempotent execution that
+// ctx belongs to, and false outside one. Handlers use it to pass the key on
+// to their own providers.
+func InfoFromContext(ctx context.Context) (*RequestInfo, bool) {
+	ri, ok := ctx.Value(infoKey).(*RequestInfo)
+	return ri, ok
+}

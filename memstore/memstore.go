@@ -1,0 +1,308 @@
+// Package memstore is an in-memory idem.Store for single-instance services
+// and tests.
+//
+// Records live in the process: they do not survive a restart and are not
+// shared between instances (use sqlitestore, pgstore or redisstore for
+// that). Memory is bounded: the store holds at most Config.MaxRecords
+// records, expired records count as absent at once, and DeleteExpired
+// frees them. The store starts no goroutines.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemhq/idem"
+)
+
+// DefaultMaxRecords is the default capacity of a Store.
+const DefaultMaxRecords = 1 << 20
+
+// Config configures a Store. A nil *Config means all defaults.
+type Config struct {
+	// MaxRecords bounds the records held at once; a claim for a new key
+	// when the store is full returns idem.ErrStoreFull (the middleware
+	// answers 503) after trying to evict expired records. Size it for peak
+	// traffic times TTL. Defaults to DefaultMaxRecords (1,048,576).
+	MaxRecords int
+}
+
+const shardCount = 64
+
+// Store is an in-memory idem.Store. It also implements idem.Watcher, so
+// that wait mode wakes up as soon as a record changes. The zero value is not
+// usable; call New.
+type Store struct {
+	seed   maphash.Seed
+	max    int64
+	count  atomic.Int64
+	shards [shardCount]shard
+}
+
+type shard struct {
+	mu      sync.Mutex
+	records map[recordKey]*record
+}
+
+type recordKey struct{ scope, key string }
+
+// record is one stored record. Times are Unix nanoseconds, which keeps the
+// record small: a store may hold a million of them.
+type record struct {
+	fingerprint string
+	token       string
+	leaseEnd    int64
+	expiresAt   int64
+	resp        *idem.Response
+	watchers    map[*watch]struct{}
+	completed   bool
+}
+
+type watch struct{ ch chan struct{} }
+
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.Watcher = (*Store)(nil)
+)
+
+// New returns an empty Store.
+func New(cfg *Config) (*Store, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.MaxRecords == 0 {
+		c.MaxRecords = DefaultMaxRecords
+	}
+	if c.MaxRecords < 0 {
+		return nil, errors.New("memstore: MaxRecords is negative")
+	}
+	s := &Store{seed: maphash.MakeSeed(), max: int64(c.MaxRecords)}
+	for i := range s.shards {
+		s.shards[i].records = make(map[recordKey]*record)
+	}
+	return s, nil
+}
+
+func (s *Store) shard(k recordKey) *shard {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	h.WriteString(k.scope)
+	h.WriteByte(0)
+	h.WriteString(k.key)
+	return &s.shards[h.Sum64()%shardCount]
+}
+
+// Len returns the number of records held, expired or not.
+func (s *Store) Len() int { return int(s.count.Load()) }
+
+// Claim implements idem.Store.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.ClaimResult{}, err
+	}
+	if p.Lease <= 0 || p.TTL <= 0 {
+		return idem.ClaimResult{}, fmt.Errorf("memstore: claim needs a positive lease and TTL")
+	}
+	k := recordKey{p.Scope, p.Key}
+	sh := s.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	now := p.Now.UnixNano()
+	r, ok := sh.records[k]
+	if ok && now >= r.expiresAt {
+		// Expired: it behaves as absent.
+		sh.remove(s, k, r)
+		ok = false
+	}
+	switch {
+	case !ok:
+		if s.count.Load() >= s.max {
+			sh.evictExpired(s, now)
+			if s.count.Load() >= s.max {
+				return idem.ClaimResult{}, fmt.Errorf("memstore: %d records: %w", s.max, idem.ErrStoreFull)
+			}
+		}
+		r = &record{fingerprint: p.Fingerprint}
+		sh.records[k] = r
+		s.count.Add(1)
+		r.own(p)
+		return idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: r.view()}, nil
+	case r.fingerprint != p.Fingerprint:
+		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: r.view()}, nil
+	case r.completed:
+		return idem.ClaimResult{Outcome: idem.ClaimCompleted, Record: r.view()}, nil
+	case now < r.leaseEnd:
+		return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: r.view()}, nil
+	default:
+		r.own(p)
+		r.notify()
+		return idem.ClaimResult{Outcome: idem.ClaimAcquired, TookOver: true, Record: r.view()}, nil
+	}
+}
+
+func (r *record) own(p idem.ClaimParams) {
+	r.token = p.Token
+	r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
+	r.expiresAt = p.Now.Add(p.TTL).UnixNano()
+}
+
+func (r *record) view() idem.Record {
+	v := idem.Record{Fingerprint: r.fingerprint, ExpiresAt: time.Unix(0, r.expiresAt).UTC(), State: idem.StateInFlight}
+	if r.completed {
+		v.State, v.Response = idem.StateCompleted, r.resp
+	} else {
+		v.LeaseExpiresAt = time.Unix(0, r.leaseEnd).UTC()
+	}
+	return v
+}
+
+// owned returns the in-flight record at k owned by token.
+func (sh *shard) owned(k recordKey, token string, now time.Time) (*record, error) {
+	r, ok := sh.records[k]
+	if !ok || r.completed || r.token != token || now.UnixNano() >= r.expiresAt {
+		return nil, idem.ErrLeaseLost
+	}
+	return r, nil
+}
+
+// Renew implements idem.Store.
+func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	k := recordKey{p.Scope, p.Key}
+	sh := s.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, err := sh.owned(k, p.Token, p.Now)
+	if err != nil {
+		return err
+	}
+	r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
+	return nil
+}
+
+// Complete implements idem.Store. As the contract allows, the store keeps
+// the response it is given, without copying it.
+func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if p.Response == nil {
+		return errors.New("memstore: complete needs a response")
+	}
+	k := recordKey{p.Scope, p.Key}
+	sh := s.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, err := sh.owned(k, p.Token, p.Now)
+	if err != nil {
+		return err
+	}
+	r.completed, r.resp, r.token = true, p.Response, ""
+	r.notify()
+	return nil
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	k := recordKey{p.Scope, p.Key}
+	sh := s.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, err := sh.owned(k, p.Token, p.Now)
+	if err != nil {
+		return err
+	}
+	sh.remove(s, k, r)
+	return nil
+}
+
+// DeleteExpired implements idem.Store.
+func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (int, error) {
+	if p.Limit <= 0 {
+		return 0, errors.New("memstore: DeleteExpired needs a positive limit")
+	}
+	deleted, now := 0, p.Now.UnixNano()
+	for i := range s.shards {
+		if err := ctx.Err(); err != nil {
+			return deleted, err
+		}
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, r := range sh.records {
+			if deleted == p.Limit {
+				break
+			}
+			if now >= r.expiresAt {
+				sh.remove(s, k, r)
+				deleted++
+			}
+		}
+		sh.mu.Unlock()
+		if deleted == p.Limit {
+			break
+		}
+	}
+	return deleted, nil
+}
+
+// evictExpired frees the expired records of one shard (the caller holds
+// its lock) to make room for a claim in a full store.
+func (sh *shard) evictExpired(s *Store, now int64) {
+	for k, r := range sh.records {
+		if now >= r.expiresAt {
+			sh.remove(s, k, r)
+		}
+	}
+}
+
+func (sh *shard) remove(s *Store, k recordKey, r *record) {
+	delete(sh.records, k)
+	s.count.Add(-1)
+	r.notify()
+}
+
+// Watch implements idem.Watcher: the channel is closed when the record
+// completes, is released, expires or is taken over, or at once if it is not
+// in flight. The registration ends with ctx.
+func (s *Store) Watch(ctx context.Context, scope, key string) (<-chan struct{}, error) {
+	k := recordKey{scope, key}
+	sh := s.shard(k)
+	w := &watch{ch: make(chan struct{})}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, ok := sh.records[k]
+	if !ok || r.completed {
+		close(w.ch)
+		return w.ch, nil
+	}
+	if r.watchers == nil {
+		r.watchers = make(map[*watch]struct{})
+	}
+	r.watchers[w] = struct{}{}
+	context.AfterFunc(ctx, func() {
+		sh.mu.Lock()
+		delete(r.watchers, w)
+		sh.mu.Unlock()
+	})
+	return w.ch, nil
+}
+
+// notify wakes every watcher of r.
+func (r *record) notify() {
+	for w := range r.watchers {
+		close(w.ch)
+	}
+	r.watchers = nil
+}

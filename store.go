@@ -1,0 +1,255 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// Store errors. Stores return them, possibly wrapped, and callers test them
+// with errors.Is.
+var (
+	// ErrLeaseLost is returned by Renew, Complete and Release (and their
+	// transactional forms) when the owner token no longer owns an in-flight
+	// record: the record is absent, was completed, or another claim took it
+	// over after the lease expired. This is the fencing rule: a stale owner
+	// can change nothing.
+	ErrLeaseLost = errors.New("idem: lease lost: the record is no longer owned by this token")
+
+	// ErrResponseTooLarge is returned by Complete when a store cannot hold
+	// the response it is given. The core then completes the record without a
+	// body (see Response.Unreplayable) so that the operation is still never
+	// executed twice.
+	ErrResponseTooLarge = errors.New("idem: response too large for the store")
+
+	// ErrStoreFull is returned by Claim when a store with a bounded capacity
+	// (memstore) has no room for a new record. The middleware answers it as
+	// any store failure: 503, the handler does not run.
+	ErrStoreFull = errors.New("idem: store is full")
+)
+
+// Store keeps idempotency records. A record is identified by (scope, key),
+// holds the request fingerprint, and is either in flight (owned by one token
+// under a lease) or completed (holding the response to replay). Records
+// expire at ExpiresAt and then behave as absent.
+//
+// Every method is one atomic step: concurrent calls from any number of
+// goroutines or processes sharing the store behave as if run one at a time.
+// Stores decide time with the Now given in the parameters (the core's one
+// clock) unless they document that they use their server's clock instead
+// (PostgreSQL, Redis); they never call time.Now themselves.
+//
+// Errors other than the sentinels named below mean the store could not
+// answer; the middleware turns them into 503 and fails closed.
+//
+// storetest.Run checks an implementation against this contract.
+type Store interface {
+	// Claim atomically looks up (Scope, Key) and returns what it found:
+	//
+	//   - no record, or one that has expired: insert an in-flight record
+	//     owned by Token, with a lease until Now+Lease and retention until
+	//     Now+TTL, and return ClaimAcquired;
+	//   - a record whose fingerprint differs from Fingerprint (compared as
+	//     strings, in any state): ClaimMismatch, the record unchanged;
+	//   - a completed record: ClaimCompleted with its response;
+	//   - an in-flight record whose lease has not expired: ClaimInFlight;
+	//   - an in-flight record whose lease has expired: take it over (new
+	//     owner Token, new lease and retention as for a new record) and
+	//     return ClaimAcquired with TookOver set.
+	//
+	// The returned Record describes the record after the call; it never
+	// carries another owner's token.
+	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
+
+	// Renew extends the lease of the in-flight record owned by Token to
+	// Now+Lease. It returns ErrLeaseLost if Token does not own an in-flight
+	// record at (Scope, Key). A lease that expired but was not taken over is
+	// still owned and can be renewed.
+	Renew(ctx context.Context, p RenewParams) error
+
+	// Complete stores Response and marks the in-flight record owned by Token
+	// completed; its retention (ExpiresAt) is unchanged. It returns
+	// ErrLeaseLost if Token does not own an in-flight record, and
+	// ErrResponseTooLarge (changing nothing) if the store cannot hold the
+	// response. The caller never modifies Response afterwards, so a store
+	// may keep it; likewise callers treat the Response returned by Claim
+	// as read-only.
+	Complete(ctx context.Context, p CompleteParams) error
+
+	// Release deletes the in-flight record owned by Token, so that the key
+	// can be used again. It returns ErrLeaseLost if Token does not own an
+	// in-flight record.
+	Release(ctx context.Context, p ReleaseParams) error
+
+	// DeleteExpired deletes at most Limit records whose retention ended at or
+	// before Now, and returns how many it deleted. Callers repeat it until it
+	// returns fewer than Limit. It never deletes an unexpired record.
+	DeleteExpired(ctx context.Context, p DeleteExpiredParams) (int, error)
+}
+
+// ClaimParams are the arguments of Store.Claim.
+type ClaimParams struct {
+	Scope       string
+	Key         string
+	Fingerprint string
+	// Token is the owner token for a new or taken-over record: an
+	// unguessable value the core generates for every claim.
+	Token string
+	// Lease is how long the claim holds the record without renewal.
+	Lease time.Duration
+	// TTL is how long the record is retained from this claim.
+	TTL time.Duration
+	// Now is the core clock's reading.
+	Now time.Time
+}
+
+// RenewParams are the arguments of Store.Renew.
+type RenewParams struct {
+	Scope, Key, Token string
+	Lease             time.Duration
+	Now               time.Time
+}
+
+// CompleteParams are the arguments of Store.Complete.
+type CompleteParams struct {
+	Scope, Key, Token string
+	Response          *Response
+	Now               time.Time
+}
+
+// ReleaseParams are the arguments of Store.Release.
+type ReleaseParams struct {
+	Scope, Key, Token string
+	Now               time.Time
+}
+
+// DeleteExpiredParams are the arguments of Store.DeleteExpired.
+type DeleteExpiredParams struct {
+	// Limit bounds the records deleted by one call. It must be positive.
+	Limit int
+	Now   time.Time
+}
+
+// ClaimOutcome says what Store.Claim found.
+type ClaimOutcome int
+
+// The outcomes of a claim.
+const (
+	// ClaimAcquired: the caller now owns an in-flight record and must
+	// execute the operation, then Complete or Release it.
+	ClaimAcquired ClaimOutcome = iota + 1
+	// ClaimCompleted: the operation completed; Record.Response is its
+	// response.
+	ClaimCompleted
+	// ClaimInFlight: another owner holds a live lease.
+	ClaimInFlight
+	// ClaimMismatch: the key is in use with another fingerprint.
+	ClaimMismatch
+)
+
+func (o ClaimOutcome) String() string {
+	switch o {
+	case ClaimAcquired:
+		return "acquired"
+	case ClaimCompleted:
+		return "completed"
+	case ClaimInFlight:
+		return "in_flight"
+	case ClaimMismatch:
+		return "mismatch"
+	}
+	return "unknown"
+}
+
+// ClaimResult is what Store.Claim returns.
+type ClaimResult struct {
+	Outcome ClaimOutcome
+	// TookOver is set with ClaimAcquired when the claim replaced an
+	// in-flight record whose lease had expired (a crashed or stalled owner).
+	TookOver bool
+	Record   Record
+}
+
+// RecordState is the state of a record.
+type RecordState int
+
+// The states of a record.
+const (
+	StateInFlight RecordState = iota + 1
+	StateCompleted
+)
+
+// Record is a stored idempotency record as seen by a claim.
+type Record struct {
+	State RecordState
+	// Fingerprint is the versioned fingerprint the record was claimed with.
+	Fingerprint string
+	// ExpiresAt is the end of the record's retention.
+	ExpiresAt time.Time
+	// LeaseExpiresAt is when an in-flight record's lease ends.
+	LeaseExpiresAt time.Time
+	// Response is the stored response of a completed record.
+	Response *Response
+}
+
+// Response is a stored HTTP response (or the result of a non-HTTP
+// operation).
+type Response struct {
+	StatusCode int
+	Header     http.Header
+	Body       []byte
+	// Unreplayable marks a response whose body was not stored because it
+	// was larger than the stored-response limit or the handler streamed it
+	// (Flush, Hijack). The operation completed; a retry receives 409
+	// idempotency.response_unavailable with the original status, never a
+	// second execution.
+	Unreplayable bool
+}
+
+// TxStore is implemented by stores that can complete a record in the same
+// database transaction as the operation's business writes (sqlitestore,
+// pgstore). The middleware and the Executor then give the operation a
+// transaction through its context (see TxFromContext) and commit the
+// business writes, the owner-token check and the stored response together,
+// before the response is sent: after a crash either both exist or neither.
+type TxStore interface {
+	Store
+	// BeginTx starts a transaction. It is called lazily, when the operation
+	// first asks for its transaction, so that work done before that holds
+	// no database lock.
+	BeginTx(ctx context.Context) (StoreTx, error)
+}
+
+// StoreTx is a transaction begun by a TxStore.
+type StoreTx interface {
+	// Complete is Store.Complete inside the transaction. It returns
+	// ErrLeaseLost when Token no longer owns the record, in which case the
+	// caller rolls back.
+	Complete(ctx context.Context, p CompleteParams) error
+	// Commit commits the transaction.
+	Commit(ctx context.Context) error
+	// Rollback aborts the transaction; after Commit it does nothing.
+	Rollback(ctx context.Context) error
+	// Native returns the backend's transaction handle (*sql.Tx, pgx.Tx),
+	// which the store's package exposes with its own typed accessor.
+	Native() any
+}
+
+// TxRenewer is implemented by a StoreTx that must renew the lease through
+// the open transaction, because the store serialises writers and a renewal
+// on another connection would wait for this transaction (SQLite). While a
+// transaction that implements it is open, the core renews through it.
+type TxRenewer interface {
+	Renew(ctx context.Context, p RenewParams) error
+}
+
+// Watcher is an optional Store capability for wait mode: Watch returns a
+// channel that is closed when the record at (scope, key) may have left the
+// in-flight state (completed, released or taken over), and at once if it is
+// not in flight when Watch is called. Spurious wake-ups are allowed; the
+// waiter claims again to learn the state. The registration ends when ctx
+// ends. Without a Watcher, waiters poll the store with exponential back-off.
+type Watcher interface {
+	Watch(ctx context.Context, scope, key string) (<-chan struct{}, error)
+}

@@ -1,0 +1,236 @@
+// Package storetest is the conformance suite every idem.Store must pass.
+//
+// A store's own tests call Run once:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, storetest.Harness{
+//			NewStore: func(t *testing.T) idem.Store { return newIsolatedStore(t) },
+//		})
+//	}
+//
+// Every subtest runs in parallel on a fresh store from NewStore, which must
+// isolate it from every other (a t.TempDir database, a schema or a key
+// prefix per call; never a flush of shared state). The suite checks each
+// rule of the idem.Store contract, the optional capabilities the store
+// implements (idem.TxStore, idem.Watcher), and that every sentinel error is
+// returned where the contract names it, with errors.Is.
+//
+// It uses only the standard library's testing package.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem"
+)
+
+// Harness tells the suite how to get a store.
+type Harness struct {
+	// NewStore returns a fresh, empty store, isolated from every other
+	// store the suite creates. It is called once per subtest, from
+	// parallel subtests, and should register its own cleanup with t.
+	NewStore func(t *testing.T) idem.Store
+
+	// ServerClock declares that the store decides time with its server's
+	// clock and ignores the Now in its parameters (pgstore, redisstore).
+	// The suite then lets leases and retention pass in real time, with
+	// short durations, and checks that a skewed Now changes nothing.
+	ServerClock bool
+}
+
+// Run runs the conformance suite.
+func Run(t *testing.T, h Harness) {
+	if h.NewStore == nil {
+		t.Fatal("storetest: Harness.NewStore is nil")
+	}
+	t.Run("Claim", func(t *testing.T) { t.Parallel(); testClaim(t, h) })
+	t.Run("Fencing", func(t *testing.T) { t.Parallel(); testFencing(t, h) })
+	t.Run("Lease", func(t *testing.T) { t.Parallel(); testLease(t, h) })
+	t.Run("Expiry", func(t *testing.T) { t.Parallel(); testExpiry(t, h) })
+	t.Run("Concurrency", func(t *testing.T) { t.Parallel(); testConcurrency(t, h) })
+	t.Run("Response", func(t *testing.T) { t.Parallel(); testResponse(t, h) })
+	t.Run("Tx", func(t *testing.T) { t.Parallel(); testTx(t, h) })
+	t.Run("Watch", func(t *testing.T) { t.Parallel(); testWatch(t, h) })
+}
+
+// bundle is what one subtest works with.
+type bundle struct {
+	t     *testing.T
+	h     Harness
+	store idem.Store
+	clock *clock
+	lease time.Duration
+	ttl   time.Duration
+	ctx   context.Context
+	seq   atomic.Int64
+}
+
+// setup marks the subtest parallel and gives it a fresh store.
+func setup(t *testing.T, h Harness) *bundle {
+	t.Helper()
+	t.Parallel()
+	b := &bundle{t: t, h: h, store: h.NewStore(t), ctx: t.Context()}
+	if h.ServerClock {
+		// Long enough that a check made right after a claim lands well
+		// inside the lease on a loaded machine; short enough to wait out.
+		b.lease, b.ttl = 1500*time.Millisecond, 4*time.Second
+		b.clock = &clock{server: true}
+	} else {
+		b.lease, b.ttl = 30*time.Second, 24*time.Hour
+		b.clock = &clock{base: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
+	}
+	return b
+}
+
+// clock is the suite's view of time. For stores that take Now from their
+// parameters it is a fake that Advance moves instantly; for server-clock
+// stores it is the real clock and Advance waits, because the only way to
+// let a server's lease pass is to let real time pass.
+type clock struct {
+	server bool
+	base   time.Time
+	offset atomic.Int64
+}
+
+func (c *clock) Now() time.Time {
+	if c.server {
+		return time.Now()
+	}
+	return c.base.Add(time.Duration(c.offset.Load()))
+}
+
+func (c *clock) Advance(d time.Duration) {
+	if !c.server {
+		c.offset.Add(int64(d))
+		return
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	<-timer.C
+}
+
+// names returns a fresh (scope, key) pair.
+func (b *bundle) names() (string, string) {
+	n := b.seq.Add(1)
+	return idem.Scope("tenant", "POST /things"), fmt.Sprintf("key-%d", n)
+}
+
+func (b *bundle) token() string {
+	return fmt.Sprintf("token-%d-%d", b.seq.Add(1), time.Now().UnixNano())
+}
+
+func (b *bundle) claimParams(scope, key, fp string) idem.ClaimParams {
+	return idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fp, Token: b.token(),
+		Lease: b.lease, TTL: b.ttl, Now: b.clock.Now()}
+}
+
+func (b *bundle) claim(p idem.ClaimParams) idem.ClaimResult {
+	b.t.Helper()
+	p.Now = b.clock.Now()
+	r, err := b.store.Claim(b.ctx, p)
+	if err != nil {
+		b.t.Fatalf("Claim(%q): %v", p.Key, err)
+	}
+	return r
+}
+
+func (b *bundle) mustOutcome(p idem.ClaimParams, want idem.ClaimOutcome) idem.ClaimResult {
+	b.t.Helper()
+	r := b.claim(p)
+	if r.Outcome != want {
+		b.t.Fatalf("Claim(%q) = %v, want %v", p.Key, r.Outcome, want)
+	}
+	return r
+}
+
+// acquire claims a new record and returns the params that own it.
+func (b *bundle) acquire(fp string) idem.ClaimParams {
+	b.t.Helper()
+	scope, key := b.names()
+	p := b.claimParams(scope, key, fp)
+	b.mustOutcome(p, idem.ClaimAcquired)
+	return p
+}
+
+func (b *bundle) complete(p idem.ClaimParams, resp *idem.Response) error {
+	return b.store.Complete(b.ctx, idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+		Response: resp, Now: b.clock.Now()})
+}
+
+func (b *bundle) release(p idem.ClaimParams) error {
+	return b.store.Release(b.ctx, idem.ReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Now: b.clock.Now()})
+}
+
+func (b *bundle) renew(p idem.ClaimParams) error {
+	return b.store.Renew(b.ctx, idem.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+		Lease: b.lease, Now: b.clock.Now()})
+}
+
+// other returns p with a fresh owner token: a second attempt at the same
+// request.
+func (b *bundle) other(p idem.ClaimParams) idem.ClaimParams {
+	p.Token = b.token()
+	return p
+}
+
+const (
+	fpA = idem.FingerprintVersion + ":aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	fpB = idem.FingerprintVersion + ":bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+)
+
+func sampleResponse() *idem.Response {
+	return &idem.Response{
+		StatusCode: http.StatusCreated,
+		Header: http.Header{
+			"Content-Type": {"application/json"},
+			"Location":     {"/things/1"},
+			"X-Multi":      {"one", "two"},
+		},
+		Body: []byte(`{"id":"1","amount":100}`),
+	}
+}
+
+// sameResponse reports how got differs from want, or "" if they are equal.
+// A nil and an empty header or body are equal.
+func sameResponse(got, want *idem.Response) string {
+	switch {
+	case got == nil:
+		return "no response"
+	case got.StatusCode != want.StatusCode:
+		return fmt.Sprintf("status %d, want %d", got.StatusCode, want.StatusCode)
+	case got.Unreplayable != want.Unreplayable:
+		return fmt.Sprintf("unreplayable %v, want %v", got.Unreplayable, want.Unreplayable)
+	case !bytes.Equal(got.Body, want.Body):
+		return fmt.Sprintf("body of %d bytes differs from the %d bytes stored", len(got.Body), len(want.Body))
+	case len(got.Header) != len(want.Header):
+		return fmt.Sprintf("header %v, want %v", got.Header, want.Header)
+	}
+	for k, vs := range want.Header {
+		if !slices.Equal(got.Header[k], vs) {
+			return fmt.Sprintf("header %s = %q, want %q", k, got.Header[k], vs)
+		}
+	}
+	return ""
+}
+
+// near checks a time the store computed against the expected value: exactly
+// for the fake clock, within a tolerance for a server clock.
+func (b *bundle) near(what string, got, want time.Time) {
+	b.t.Helper()
+	if !b.h.ServerClock {
+		if !got.Equal(want) {
+			b.t.Errorf("%s = %v, want %v", what, got, want)
+		}
+		return
+	}
+	if d := got.Sub(want); d < -2*time.Second || d > 2*time.Second {
+		b.t.Errorf("%s = %v, want about %v", what, got, want)
+	}
+}
