@@ -1,0 +1,7 @@
+module github.com/idemhq/idem/sqlitestore
+
+go 1.25.0
+
+require github.com/idemhq/idem v0.0.0
+
+replace github.com/idemhq/idem => ..
