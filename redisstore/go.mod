@@ -1,7 +1,17 @@
 module github.com/idemhq/idem/redisstore
 
-go 1.25.0
+go 1.26.0
 
-require github.com/idemhq/idem v0.0.0
+require (
+	github.com/idemhq/idem v0.0.0
+	github.com/redis/go-redis/v9 v9.23.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/dunglas/httpsfv v1.1.2 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)
 
 replace github.com/idemhq/idem => ..

@@ -1,0 +1,17 @@
+package redisstore_test
+
+import (
+	"testing"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	storetest.Run(t, storetest.Harness{
+		NewStore:    func(t *testing.T) idem.Store { return newStore(t, c, nil) },
+		ServerClock: true,
+	})
+}

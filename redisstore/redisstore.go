@@ -1,0 +1,266 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPrefix starts every key the store writes.
+	DefaultPrefix = "idem:"
+	// DefaultMaxResponseBytes is the default bound on a stored response
+	// body: the middleware's default MaxResponseBody, so that every body
+	// the middleware records is also stored.
+	DefaultMaxResponseBytes = 1 << 20
+	// DefaultMaxHeaderBytes is the default bound on the encoded status and
+	// header fields of a stored response.
+	DefaultMaxHeaderBytes = 64 << 10
+)
+
+// Config configures a Store. A nil *Config means all defaults, and so does
+// each zero field.
+type Config struct {
+	// Prefix starts the name of every key the store writes, so that several
+	// stores (or other applications) can share one Redis database. It must
+	// not contain '{' or '}': Redis Cluster places a key by the first
+	// {...} in its name, and the store's own hash tag must be that one.
+	// Defaults to DefaultPrefix ("idem:").
+	Prefix string
+
+	// MaxResponseBytes bounds the body of a response Complete stores; a
+	// larger one makes Complete return idem.ErrResponseTooLarge without
+	// changing the record, and the core then completes the record without
+	// a body (a retry gets 409 idempotency.response_unavailable, never a
+	// second execution). Bodies are never dropped silently. Defaults to
+	// DefaultMaxResponseBytes (1 MiB).
+	MaxResponseBytes int
+
+	// MaxHeaderBytes bounds the encoded status and header fields of a
+	// response Complete stores, with the same effect as MaxResponseBytes
+	// when exceeded. Defaults to DefaultMaxHeaderBytes (64 KiB).
+	MaxHeaderBytes int
+}
+
+// Store is an idem.Store that keeps records in Redis (or a compatible
+// server such as Valkey), shared by every process using the same Redis
+// and Prefix. It decides leases and retention with the Redis server's
+// clock and ignores the Now in its parameters. It is safe for concurrent
+// use. The zero value is not usable; call New.
+type Store struct {
+	client     redis.UniversalClient
+	prefix     string
+	maxBody    int
+	maxHeaders int
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// New returns a Store on client. The caller owns client (and closes it);
+// New performs no I/O and starts no goroutines. The Lua scripts are loaded
+// into Redis on their first use and again whenever Redis reports it no
+// longer has them (after a restart, a failover or SCRIPT FLUSH).
+func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: nil client")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: Prefix %q contains '{' or '}', which would override the record's Redis Cluster hash tag", c.Prefix)
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.MaxResponseBytes < 0 {
+		return nil, errors.New("redisstore: MaxResponseBytes is negative")
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxHeaderBytes < 0 {
+		return nil, errors.New("redisstore: MaxHeaderBytes is negative")
+	}
+	return &Store{client: client, prefix: c.Prefix, maxBody: c.MaxResponseBytes, maxHeaders: c.MaxHeaderBytes}, nil
+}
+
+// Key returns the name of the Redis key that holds the record for (scope,
+// key): the prefix and, in braces, the hex SHA-256 of scope and key. The
+// braces make the digest the key's Redis Cluster hash tag, whatever bytes
+// the scope or key contain, and neither appears in clear in Redis.
+func (s *Store) Key(scope, key string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	// The length prefix keeps (scope "a", key "bc") apart from ("ab", "c").
+	h.Write(binary.AppendUvarint(n[:0], uint64(len(scope))))
+	h.Write([]byte(scope))
+	h.Write([]byte(key))
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	b := make([]byte, 0, len(s.prefix)+2+2*sha256.Size)
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = hex.AppendEncode(b, sum[:])
+	b = append(b, '}')
+	return string(b)
+}
+
+// Claim implements idem.Store. Lease and TTL count from the Redis server's
+// clock; p.Now is ignored.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	lease, ttl := p.Lease.Milliseconds(), p.TTL.Milliseconds()
+	if lease <= 0 || ttl <= 0 {
+		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim needs a lease and TTL of at least a millisecond, got %v and %v", p.Lease, p.TTL)
+	}
+	v, err := claimScript.Run(ctx, s.client, []string{s.Key(p.Scope, p.Key)}, p.Fingerprint, p.Token, lease, ttl).Slice()
+	if err != nil {
+		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	r, err := parseClaim(v)
+	if err != nil {
+		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	return r, nil
+}
+
+// parseClaim turns claimScript's reply into a ClaimResult.
+func parseClaim(v []any) (idem.ClaimResult, error) {
+	if len(v) < 5 {
+		return idem.ClaimResult{}, fmt.Errorf("unexpected script reply of %d elements", len(v))
+	}
+	outcome, ok1 := v[0].(int64)
+	took, ok2 := v[1].(int64)
+	lease, ok3 := v[2].(int64)
+	exp, ok4 := v[3].(int64)
+	fp, ok5 := v[4].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+		return idem.ClaimResult{}, fmt.Errorf("unexpected script reply %T %T %T %T %T", v[0], v[1], v[2], v[3], v[4])
+	}
+	r := idem.ClaimResult{
+		TookOver: took == 1,
+		Record: idem.Record{
+			State:       idem.StateInFlight,
+			Fingerprint: fp,
+			ExpiresAt:   time.UnixMilli(exp).UTC(),
+		},
+	}
+	switch outcome {
+	case claimAcquired:
+		r.Outcome = idem.ClaimAcquired
+	case claimInFlight:
+		r.Outcome = idem.ClaimInFlight
+	case claimMismatch:
+		r.Outcome = idem.ClaimMismatch
+		if lease == 0 {
+			r.Record.State = idem.StateCompleted
+		}
+	case claimCompleted:
+		r.Outcome, r.Record.State = idem.ClaimCompleted, idem.StateCompleted
+		enc, ok := "", false
+		if len(v) > 5 {
+			enc, ok = v[5].(string)
+		}
+		if !ok {
+			return idem.ClaimResult{}, errors.New("completed record without a response")
+		}
+		resp := new(idem.Response)
+		if err := resp.UnmarshalBinary([]byte(enc)); err != nil {
+			return idem.ClaimResult{}, fmt.Errorf("stored response: %w", err)
+		}
+		r.Record.Response = resp
+		return r, nil
+	default:
+		return idem.ClaimResult{}, fmt.Errorf("unknown claim outcome %d", outcome)
+	}
+	r.Record.LeaseExpiresAt = time.UnixMilli(lease).UTC()
+	if r.Record.State == idem.StateCompleted {
+		r.Record.LeaseExpiresAt = time.Time{}
+	}
+	return r, nil
+}
+
+// Renew implements idem.Store. The lease counts from the Redis server's
+// clock; p.Now is ignored.
+func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
+	lease := p.Lease.Milliseconds()
+	if lease <= 0 {
+		return fmt.Errorf("redisstore: renew needs a lease of at least a millisecond, got %v", p.Lease)
+	}
+	return s.owned(ctx, "renew", renewScript, p.Scope, p.Key, p.Token, lease)
+}
+
+// Complete implements idem.Store. The record keeps the retention its claim
+// gave it. A response whose body is larger than Config.MaxResponseBytes,
+// or whose status and header fields encode to more than
+// Config.MaxHeaderBytes, is refused with idem.ErrResponseTooLarge before
+// Redis is asked anything.
+func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
+	if p.Response == nil {
+		return errors.New("redisstore: complete needs a response")
+	}
+	body := len(p.Response.Body)
+	if body > s.maxBody {
+		return fmt.Errorf("redisstore: complete: body of %d bytes, limit %d: %w", body, s.maxBody, idem.ErrResponseTooLarge)
+	}
+	if h := p.Response.EncodedSize() - body; h > s.maxHeaders {
+		return fmt.Errorf("redisstore: complete: status and header fields of %d bytes, limit %d: %w", h, s.maxHeaders, idem.ErrResponseTooLarge)
+	}
+	enc, err := p.Response.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("redisstore: complete: %w", err)
+	}
+	return s.owned(ctx, "complete", completeScript, p.Scope, p.Key, p.Token, enc)
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	return s.owned(ctx, "release", releaseScript, p.Scope, p.Key, p.Token)
+}
+
+// owned runs a script that acts only for the owner token and returns 1 if
+// it did, 0 if the token does not own the record.
+func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scope, key, token string, args ...any) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	n, err := script.Run(ctx, s.client, []string{s.Key(scope, key)}, append([]any{token}, args...)...).Int64()
+	if err != nil {
+		return fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("redisstore: %s: %w", op, idem.ErrLeaseLost)
+	}
+	return nil
+}
+
+// DeleteExpired implements idem.Store. Every record's key carries a Redis
+// expiry at the end of its retention, so Redis deletes expired records by
+// itself and there is nothing left to delete: DeleteExpired checks its
+// arguments, talks to nobody and returns 0. Callers that run it for every
+// store may keep doing so.
+func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (int, error) {
+	if p.Limit <= 0 {
+		return 0, fmt.Errorf("redisstore: DeleteExpired needs a positive limit, got %d", p.Limit)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("redisstore: delete expired: %w", err)
+	}
+	return 0, nil
+}
