@@ -1,0 +1,58 @@
+// Package pgstore is an idem.Store on PostgreSQL: the store to use when
+// several instances of a service, behind a load balancer, must share one
+// idempotency truth, and when business writes and the stored response must
+// commit in one transaction.
+//
+// # Use
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	...
+//	store, err := pgstore.New(ctx, pool, nil) // creates or migrates schema "idem"
+//	...
+//	mw, err := idem.NewMiddleware(store, nil)
+//
+// Inside a handler, pgstore.Tx(r.Context()) returns the execution's
+// transaction; writes made through it commit together with the stored
+// response (see Tx and Store.CompleteTx).
+//
+// # Semantics
+//
+// The Store follows the idem.Store contract. Every time decision (lease,
+// retention) uses the database's clock (statement_timestamp()), never the
+// Now in the parameters, so instances with skewed clocks cannot steal each
+// other's leases. A claim is one INSERT ... ON CONFLICT DO UPDATE ... WHERE
+// statement that commits on its own, so a duplicate sees "in flight" at
+// once; replays and 409s write nothing. Renew, Complete and Release are
+// fenced by the owner token and return idem.ErrLeaseLost when it no longer
+// owns the record.
+//
+// # Schema
+//
+// New creates the schema (Config.Schema, "idem" by default), the records
+// table (Config.Table, "idempotency_records") with an index on its expiry
+// column, and the migration history table idem_migrations, from versioned
+// SQL files embedded in the package. Concurrent New calls are safe: a
+// transaction-scoped advisory lock serialises them and every statement is
+// idempotent. Config.SkipMigrate turns this off.
+//
+// # Cleanup
+//
+// Expired records behave as absent at once, but their rows stay until
+// DeleteExpired removes them. Run it periodically from one or more
+// instances (it skips rows that another call has locked):
+//
+//	for {
+//		n, err := store.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: 5000})
+//		if err != nil || n < 5000 {
+//			break
+//		}
+//	}
+//
+// # Portability
+//
+// The SQL avoids features that PostgreSQL-compatible distributed databases
+// lack: no ctid or xmax, no PL/pgSQL, no LISTEN/NOTIFY. The advisory lock
+// that serialises migrations is optional: where it is missing the migration
+// falls back to idempotent DDL and retries. DeleteExpired relies on FOR
+// UPDATE SKIP LOCKED (CockroachDB 23.1 and later). See README.md.
+package pgstore

@@ -1,0 +1,394 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of Config.
+const (
+	DefaultSchema           = "idem"
+	DefaultTable            = "idempotency_records"
+	DefaultMaxResponseBytes = 1 << 20
+)
+
+// maxHeaderBytes bounds the encoded status line and header fields stored
+// with a response, on top of Config.MaxResponseBytes for the body.
+const maxHeaderBytes = 64 << 10
+
+// maxIDBytes bounds len(scope)+len(key). PostgreSQL refuses B-tree entries
+// larger than about a third of a page (2,704 bytes); a clear error here is
+// better than the index's.
+const maxIDBytes = 2048
+
+// claimAttempts bounds how often Claim re-runs its statement when the
+// statement's snapshot missed a row that a concurrent claim committed.
+const claimAttempts = 8
+
+// Config configures a Store. A nil *Config means all defaults, and so does
+// each zero field.
+type Config struct {
+	// Schema is the PostgreSQL schema holding the records table and its
+	// migration history; New creates it if it does not exist. Letters
+	// a-z, digits and underscores, starting with a letter or underscore, at
+	// most 48 bytes. Defaults to "idem".
+	Schema string
+
+	// Table is the name of the records table in Schema, with the same
+	// rules as Schema. Defaults to "idempotency_records".
+	Table string
+
+	// MaxResponseBytes is the largest response body Complete stores; above
+	// it Complete returns idem.ErrResponseTooLarge and changes nothing (the
+	// core then completes the record as unreplayable, so the operation is
+	// still never run twice). The encoded status and header fields may add
+	// at most 64 KiB. Keep it at least idem.Config.MaxResponseBody.
+	// Defaults to 1 MiB, the middleware's default.
+	MaxResponseBytes int
+
+	// SkipMigrate makes New issue no statement at all: the schema must
+	// already be at the version this package expects (migrated by an
+	// earlier New, or by an operator from the files in migrations/).
+	// Use it where the application's database user may not run DDL.
+	// Defaults to false: New migrates.
+	SkipMigrate bool
+}
+
+// Store is an idem.Store on PostgreSQL, shared by every instance of a
+// service that uses the same database, schema and table. It also implements
+// idem.TxStore. Its methods are safe for concurrent use.
+//
+// Every lease and expiry decision uses the database's clock, never the Now
+// in the parameters, so instances whose clocks disagree cannot take over
+// each other's live leases.
+type Store struct {
+	pool    *pgxpool.Pool
+	maxBody int
+
+	schemaName, tableName string
+	// Quoted identifiers: schema, schema.table, schema.idem_migrations.
+	schema, table, migrations string
+
+	migrationList []migration
+	latest        int
+
+	claimSQL, renewSQL, completeSQL, releaseSQL, deleteExpiredSQL string
+}
+
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.TxStore = (*Store)(nil)
+)
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
+
+// New returns a Store on pool, which the caller owns and closes after the
+// Store's last use. Unless cfg.SkipMigrate is set, New creates the schema
+// and the records table, or migrates them to the current version; several
+// instances may call it at the same time. New starts no goroutines.
+func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgstore: nil pool")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	for _, id := range []struct{ field, name string }{{"Schema", c.Schema}, {"Table", c.Table}} {
+		if !identRE.MatchString(id.name) {
+			return nil, fmt.Errorf("pgstore: %s %q is not a valid name: use a-z, 0-9 and _, start with a letter or _, at most 48 bytes", id.field, id.name)
+		}
+	}
+	if c.Table == migrationsTable {
+		return nil, fmt.Errorf("pgstore: Table %q is reserved for the migration history", c.Table)
+	}
+	if c.MaxResponseBytes < 0 {
+		return nil, errors.New("pgstore: MaxResponseBytes is negative")
+	}
+
+	s := &Store{
+		pool:       pool,
+		maxBody:    c.MaxResponseBytes,
+		schemaName: c.Schema,
+		tableName:  c.Table,
+		schema:     pgx.Identifier{c.Schema}.Sanitize(),
+		table:      pgx.Identifier{c.Schema, c.Table}.Sanitize(),
+		migrations: pgx.Identifier{c.Schema, migrationsTable}.Sanitize(),
+	}
+	r := strings.NewReplacer(
+		"{schema}", s.schema,
+		"{table}", s.table,
+		"{expires_index}", pgx.Identifier{c.Table + "_expires_at_idx"}.Sanitize(),
+	)
+	ms, err := loadMigrations(r)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	s.migrationList, s.latest = ms, ms[len(ms)-1].version
+	s.prepareSQL()
+	if !c.SkipMigrate {
+		if err := s.migrate(ctx); err != nil {
+			return nil, fmt.Errorf("pgstore: migrate %s: %w", s.table, err)
+		}
+	}
+	return s, nil
+}
+
+// prepareSQL builds the statement texts for the configured table. Times are
+// statement_timestamp(), the database's clock at the start of the
+// statement: one reading per statement, so every comparison in it agrees,
+// and current also inside a long transaction (CompleteTx), where now()
+// would be the transaction's start.
+func (s *Store) prepareSQL() {
+	t := s.table
+	// Claim is one statement and, in the normal case, one round trip.
+	//
+	// cur reads the live (unexpired) record. If it exists and must not be
+	// replaced (another fingerprint, completed, or a live lease), the INSERT
+	// selects no row: replays, 409s and 422s write nothing, take no row
+	// lock and need no transaction ID, so they cost no WAL flush.
+	//
+	// Otherwise the INSERT runs, and ON CONFLICT ... WHERE is the arbiter:
+	// PostgreSQL evaluates it against the latest committed version of the
+	// row, under the row's lock, so of many concurrent claims exactly one
+	// inserts or takes over; the others get no row from ins. A row is
+	// replaced only if it has expired (then any fingerprint may claim it,
+	// as for an absent key) or is in flight with the same fingerprint and
+	// an expired lease (a take-over).
+	//
+	// The final SELECT returns ins's row, or else cur's. When ins is empty
+	// and cur does not explain why (cur saw no row, or saw a lease that had
+	// expired), the row that blocked the INSERT was committed after the
+	// statement's snapshot was taken: Claim runs the statement again, and
+	// the new snapshot sees it. That costs a second round trip only in
+	// that race.
+	s.claimSQL = `WITH cur AS (
+	SELECT fingerprint,
+	       response IS NOT NULL AS completed,
+	       CASE WHEN fingerprint = $3 THEN response END AS response,
+	       lease_expires_at,
+	       coalesce(lease_expires_at > statement_timestamp(), false) AS lease_live,
+	       expires_at
+	FROM ` + t + `
+	WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()
+), ins AS (
+	INSERT INTO ` + t + ` AS r (scope, key, fingerprint, token, lease_expires_at, expires_at, attempt)
+	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1
+	WHERE NOT EXISTS (
+		SELECT 1 FROM cur
+		WHERE cur.fingerprint <> $3 OR cur.completed OR cur.lease_live)
+	ON CONFLICT (scope, key) DO UPDATE SET
+		fingerprint = excluded.fingerprint,
+		token = excluded.token,
+		lease_expires_at = excluded.lease_expires_at,
+		expires_at = excluded.expires_at,
+		response = NULL,
+		attempt = CASE WHEN r.expires_at <= statement_timestamp() THEN 1 ELSE r.attempt + 1 END
+	WHERE r.expires_at <= statement_timestamp()
+	   OR (r.token IS NOT NULL AND r.fingerprint = excluded.fingerprint
+	       AND r.lease_expires_at <= statement_timestamp())
+	RETURNING attempt, lease_expires_at, expires_at
+)
+SELECT true, ins.attempt, $3, false, NULL::bytea, ins.lease_expires_at, true, ins.expires_at FROM ins
+UNION ALL
+SELECT false, 0, cur.fingerprint, cur.completed, cur.response, cur.lease_expires_at, cur.lease_live, cur.expires_at
+FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
+
+	// The owner's statements match on the token, which is set only while
+	// the record is in flight, and on the retention: an expired record
+	// behaves as absent even before DeleteExpired removes it.
+	owned := ` WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > statement_timestamp()`
+	s.renewSQL = `UPDATE ` + t + ` SET lease_expires_at = statement_timestamp() + $4::interval` + owned
+	s.completeSQL = `UPDATE ` + t + ` SET response = $4, token = NULL, lease_expires_at = NULL` + owned
+	s.releaseSQL = `DELETE FROM ` + t + owned
+
+	// One short transaction per batch, walking the expiry index; SKIP
+	// LOCKED leaves rows that a claim is replacing right now to that claim
+	// and never waits for them. The row locks make the outer DELETE remove
+	// exactly the rows the subquery chose: none can have been taken over
+	// in between.
+	s.deleteExpiredSQL = `DELETE FROM ` + t + ` WHERE (scope, key) IN (
+	SELECT scope, key FROM ` + t + `
+	WHERE expires_at <= statement_timestamp()
+	ORDER BY expires_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED)`
+}
+
+// Claim implements idem.Store. It commits in its own short transaction, so
+// a duplicate sees the record in flight at once. It ignores p.Now.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if p.Lease <= 0 || p.TTL <= 0 {
+		return idem.ClaimResult{}, errors.New("pgstore: claim needs a positive lease and TTL")
+	}
+	if len(p.Scope)+len(p.Key) > maxIDBytes {
+		return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: scope and key are %d bytes, the limit is %d", len(p.Scope)+len(p.Key), maxIDBytes)
+	}
+	for range claimAttempts {
+		r, ok, err := s.claimOnce(ctx, p)
+		if err != nil {
+			// CockroachDB and YugabyteDB may abort the statement with a
+			// serialization failure under contention; it changed nothing,
+			// and running it again is safe.
+			if sqlState(err) == "40001" && ctx.Err() == nil {
+				continue
+			}
+			return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+		}
+		if ok {
+			return r, nil
+		}
+	}
+	return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
+}
+
+// claimOnce runs the claim statement once. ok is false when the statement's
+// snapshot missed a concurrent change and it must run again.
+func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, ok bool, err error) {
+	var (
+		acquired, completed, leaseLive bool
+		attempt                        int32
+		fingerprint                    string
+		body                           []byte
+		leaseEnd                       *time.Time
+		expiresAt                      time.Time
+	)
+	err = s.pool.QueryRow(ctx, s.claimSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL).
+		Scan(&acquired, &attempt, &fingerprint, &completed, &body, &leaseEnd, &leaseLive, &expiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	rec := idem.Record{Fingerprint: fingerprint, ExpiresAt: expiresAt, State: idem.StateInFlight}
+	if leaseEnd != nil {
+		rec.LeaseExpiresAt = *leaseEnd
+	}
+	if completed {
+		rec.State = idem.StateCompleted
+	}
+	switch {
+	case acquired:
+		return idem.ClaimResult{Outcome: idem.ClaimAcquired, TookOver: attempt > 1, Record: rec}, true, nil
+	case fingerprint != p.Fingerprint:
+		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: rec}, true, nil
+	case completed:
+		resp := new(idem.Response)
+		// body was copied out of the connection's buffer by Scan, so the
+		// decoded response may alias it.
+		if err := resp.UnmarshalBinary(body); err != nil {
+			return res, false, fmt.Errorf("stored response of (%q, %q): %w", p.Scope, p.Key, err)
+		}
+		rec.Response = resp
+		return idem.ClaimResult{Outcome: idem.ClaimCompleted, Record: rec}, true, nil
+	case leaseLive:
+		return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: rec}, true, nil
+	}
+	// Same fingerprint, in flight, lease expired: the INSERT ran, and a
+	// newer row version than the snapshot's refused it.
+	return res, false, nil
+}
+
+// Renew implements idem.Store. The new lease ends p.Lease after the
+// database's current time; p.Now is ignored.
+func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
+	if p.Lease <= 0 {
+		return errors.New("pgstore: renew needs a positive lease")
+	}
+	tag, err := s.pool.Exec(ctx, s.renewSQL, p.Scope, p.Key, p.Token, p.Lease)
+	if err != nil {
+		return fmt.Errorf("pgstore: renew: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
+	return s.complete(ctx, s.pool, p, "complete")
+}
+
+// execer is what Complete needs from a pool or a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func (s *Store) complete(ctx context.Context, db execer, p idem.CompleteParams, op string) error {
+	if p.Response == nil {
+		return fmt.Errorf("pgstore: %s needs a response", op)
+	}
+	if len(p.Response.Body) > s.maxBody || p.Response.EncodedSize()-len(p.Response.Body) > maxHeaderBytes {
+		return fmt.Errorf("pgstore: %s: %d-byte body, limit %d: %w", op, len(p.Response.Body), s.maxBody, idem.ErrResponseTooLarge)
+	}
+	enc, err := p.Response.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+	tag, err := db.Exec(ctx, s.completeSQL, p.Scope, p.Key, p.Token, enc)
+	if err != nil {
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	tag, err := s.pool.Exec(ctx, s.releaseSQL, p.Scope, p.Key, p.Token)
+	if err != nil {
+		return fmt.Errorf("pgstore: release: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// DeleteExpired implements idem.Store: one statement deleting at most
+// p.Limit records whose retention ended by the database's current time,
+// oldest first. Each call is a short transaction of its own; call it in a
+// loop (a few thousand per call keeps each one short) until it returns
+// fewer than p.Limit. Records a concurrent claim is replacing are skipped,
+// not waited for.
+func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (int, error) {
+	if p.Limit <= 0 {
+		return 0, errors.New("pgstore: DeleteExpired needs a positive limit")
+	}
+	tag, err := s.pool.Exec(ctx, s.deleteExpiredSQL, p.Limit)
+	if err != nil {
+		return 0, fmt.Errorf("pgstore: delete expired: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// sqlState returns the SQLSTATE of a PostgreSQL error, or "".
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}

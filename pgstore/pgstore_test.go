@@ -1,0 +1,471 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/pgstore"
+	"github.com/idemhq/idem/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, storetest.Harness{
+		NewStore:    func(t *testing.T) idem.Store { return newFixture(t, nil).store },
+		ServerClock: true,
+	})
+}
+
+const fpA = idem.FingerprintVersion + ":aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+func claimParams(scope, key string) idem.ClaimParams {
+	return idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: newToken(),
+		Lease: 30 * time.Second, TTL: time.Hour, Now: time.Now()}
+}
+
+func mustClaim(t *testing.T, s idem.Store, p idem.ClaimParams, want idem.ClaimOutcome) idem.ClaimResult {
+	t.Helper()
+	r, err := s.Claim(t.Context(), p)
+	if err != nil {
+		t.Fatalf("Claim(%q): %v", p.Key, err)
+	}
+	if r.Outcome != want {
+		t.Fatalf("Claim(%q) = %v, want %v", p.Key, r.Outcome, want)
+	}
+	return r
+}
+
+func completeParams(p idem.ClaimParams, resp *idem.Response) idem.CompleteParams {
+	return idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, Now: time.Now()}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	pool := sharedPool(t)
+	bad := map[string]pgstore.Config{
+		"schema with quote":     {Schema: `idem"; DROP SCHEMA public; --`},
+		"schema upper case":     {Schema: "Idem"},
+		"schema starts digit":   {Schema: "1idem"},
+		"schema too long":       {Schema: strings.Repeat("s", 49)},
+		"table with dot":        {Table: "a.b"},
+		"table with space":      {Table: "a b"},
+		"table is the history":  {Table: "idem_migrations"},
+		"negative max response": {MaxResponseBytes: -1},
+	}
+	for name, cfg := range bad {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			if _, err := pgstore.New(t.Context(), pool, &cfg); err == nil {
+				t.Errorf("New(%+v) succeeded", cfg)
+			}
+		})
+	}
+	if _, err := pgstore.New(t.Context(), nil, nil); err == nil {
+		t.Error("New with a nil pool succeeded")
+	}
+}
+
+// Eight instances starting at once on an empty schema: all succeed, the
+// migration is recorded once, and the table works.
+func TestConcurrentMigrations(t *testing.T) {
+	t.Parallel()
+	pool := sharedPool(t)
+	schema := freshSchema(t, pool)
+	const n = 8
+	stores := make([]*pgstore.Store, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			stores[i], errs[i] = pgstore.New(t.Context(), pool, &pgstore.Config{Schema: schema})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("New #%d: %v", i, err)
+		}
+	}
+	f := &fixture{pool: pool, schema: schema}
+	if got := f.count(t, "SELECT count(*) FROM "+schema+".idem_migrations WHERE table_name = $1", pgstore.DefaultTable); got != 1 {
+		t.Errorf("%d migration rows, want 1", got)
+	}
+	for i, s := range stores {
+		mustClaim(t, s, claimParams("scope", fmt.Sprint("k", i)), idem.ClaimAcquired)
+	}
+}
+
+// A second New on a migrated schema changes nothing, and SkipMigrate issues
+// no statement: it works on a migrated schema and leaves a missing one
+// missing.
+func TestNewOnMigratedSchemaAndSkipMigrate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	p := claimParams("scope", "k")
+	mustClaim(t, f.store, p, idem.ClaimAcquired)
+	again, err := pgstore.New(t.Context(), f.pool, &pgstore.Config{Schema: f.schema})
+	if err != nil {
+		t.Fatalf("second New: %v", err)
+	}
+	mustClaim(t, again, claimParams("scope", "k"), idem.ClaimInFlight)
+	skip, err := pgstore.New(t.Context(), f.pool, &pgstore.Config{Schema: f.schema, SkipMigrate: true})
+	if err != nil {
+		t.Fatalf("New with SkipMigrate: %v", err)
+	}
+	mustClaim(t, skip, claimParams("scope", "k"), idem.ClaimInFlight)
+
+	// Another table in the same schema gets its own history row.
+	other, err := pgstore.New(t.Context(), f.pool, &pgstore.Config{Schema: f.schema, Table: "other_records"})
+	if err != nil {
+		t.Fatalf("New with another table: %v", err)
+	}
+	mustClaim(t, other, claimParams("scope", "k"), idem.ClaimAcquired)
+	if got := f.count(t, "SELECT count(*) FROM "+f.schema+".idem_migrations"); got != 2 {
+		t.Errorf("%d migration rows for two tables, want 2", got)
+	}
+
+	missing := freshSchema(t, f.pool)
+	if _, err := pgstore.New(t.Context(), f.pool, &pgstore.Config{Schema: missing, SkipMigrate: true}); err != nil {
+		t.Fatalf("New with SkipMigrate on a missing schema: %v", err)
+	}
+	if n := f.count(t, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", missing); n != 0 {
+		t.Error("New with SkipMigrate created the schema")
+	}
+}
+
+// MaxResponseBytes bounds the body: above it Complete (and CompleteTx)
+// return ErrResponseTooLarge and the record stays in flight, still owned.
+func TestResponseTooLarge(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, &pgstore.Config{MaxResponseBytes: 1000})
+	p := claimParams("scope", "k")
+	mustClaim(t, f.store, p, idem.ClaimAcquired)
+	big := &idem.Response{StatusCode: 200, Body: make([]byte, 1001)}
+	if err := f.store.Complete(t.Context(), completeParams(p, big)); !errors.Is(err, idem.ErrResponseTooLarge) {
+		t.Fatalf("Complete of 1001 bytes: %v, want ErrResponseTooLarge", err)
+	}
+	tx, err := f.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.store.CompleteTx(t.Context(), tx, completeParams(p, big))
+	_ = tx.Rollback(t.Context())
+	if !errors.Is(err, idem.ErrResponseTooLarge) {
+		t.Fatalf("CompleteTx of 1001 bytes: %v, want ErrResponseTooLarge", err)
+	}
+	huge := &idem.Response{StatusCode: 200, Header: map[string][]string{"X-Big": {strings.Repeat("h", 70<<10)}}}
+	if err := f.store.Complete(t.Context(), completeParams(p, huge)); !errors.Is(err, idem.ErrResponseTooLarge) {
+		t.Fatalf("Complete with 70 KiB of header: %v, want ErrResponseTooLarge", err)
+	}
+	mustClaim(t, f.store, claimParams("scope", "k"), idem.ClaimInFlight)
+	fits := &idem.Response{StatusCode: 200, Body: make([]byte, 1000)}
+	if err := f.store.Complete(t.Context(), completeParams(p, fits)); err != nil {
+		t.Fatalf("Complete of 1000 bytes: %v", err)
+	}
+	r := mustClaim(t, f.store, claimParams("scope", "k"), idem.ClaimCompleted)
+	if len(r.Record.Response.Body) != 1000 {
+		t.Errorf("replayed %d bytes, want 1000", len(r.Record.Response.Body))
+	}
+}
+
+// Two instances whose clocks differ by an hour: the one running ahead must
+// not see the other's live lease as expired.
+func TestSkewedExecutorsCannotStealLease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	a, err := idem.NewExecutor(f.store, &idem.Config{NowFunc: time.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := idem.NewExecutor(f.store, &idem.Config{NowFunc: func() time.Time { return time.Now().Add(time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := idem.DoParams{Scope: idem.Scope("t", "charge"), Key: "order-1", Fingerprint: fpA}
+	started, finish := make(chan struct{}), make(chan struct{})
+	runs := make(chan string, 4)
+	errA := make(chan error, 1)
+	go func() {
+		_, err := a.Do(context.Background(), params, func(context.Context) (*idem.Response, error) {
+			runs <- "a"
+			close(started)
+			<-finish
+			return &idem.Response{StatusCode: 201, Body: []byte("charged by a")}, nil
+		})
+		errA <- err
+	}()
+	<-started
+	opB := func(context.Context) (*idem.Response, error) {
+		runs <- "b"
+		return &idem.Response{StatusCode: 201, Body: []byte("charged by b")}, nil
+	}
+	if _, err := b.Do(t.Context(), params, opB); !errors.Is(err, idem.ErrInFlight) {
+		t.Errorf("the instance an hour ahead got %v, want ErrInFlight", err)
+	}
+	close(finish)
+	if err := <-errA; err != nil {
+		t.Fatalf("instance a: %v", err)
+	}
+	res, err := b.Do(t.Context(), params, opB)
+	if err != nil {
+		t.Fatalf("instance b after completion: %v", err)
+	}
+	if !res.Replayed || string(res.Response.Body) != "charged by a" {
+		t.Errorf("instance b got replayed=%v %q, want a's replayed response", res.Replayed, res.Response.Body)
+	}
+	close(runs)
+	var ran []string
+	for r := range runs {
+		ran = append(ran, r)
+	}
+	if len(ran) != 1 || ran[0] != "a" {
+		t.Errorf("operations run: %v, want only a's", ran)
+	}
+}
+
+// 64 claims of one key through two pools, as two instances would make
+// them: exactly one owner.
+func TestOneOwnerAcrossPools(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	other := newPool(t, 8)
+	second, err := pgstore.New(t.Context(), other, &pgstore.Config{Schema: f.schema})
+	if err != nil {
+		t.Fatalf("New on the second pool: %v", err)
+	}
+	stores := []idem.Store{f.store, second}
+	const n = 64
+	params := make([]idem.ClaimParams, n)
+	results := make([]idem.ClaimResult, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		params[i] = claimParams("scope", "contended")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			results[i], errs[i] = stores[i%2].Claim(t.Context(), params[i])
+		}()
+	}
+	close(start)
+	wg.Wait()
+	acquired, inFlight := 0, 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("claim %d: %v", i, errs[i])
+		}
+		switch results[i].Outcome {
+		case idem.ClaimAcquired:
+			acquired++
+		case idem.ClaimInFlight:
+			inFlight++
+		}
+	}
+	if acquired != 1 || inFlight != n-1 {
+		t.Fatalf("%d acquired, %d in flight; want 1 and %d", acquired, inFlight, n-1)
+	}
+	owners := 0
+	for i := range n {
+		err := stores[(i+1)%2].Renew(t.Context(), idem.RenewParams{Scope: "scope", Key: "contended", Token: params[i].Token, Lease: time.Minute})
+		if err == nil {
+			owners++
+			if results[i].Outcome != idem.ClaimAcquired {
+				t.Errorf("claim %d saw %v but its token owns the record", i, results[i].Outcome)
+			}
+		} else if !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("Renew %d: %v", i, err)
+		}
+	}
+	if owners != 1 {
+		t.Errorf("%d tokens own the record, want 1", owners)
+	}
+}
+
+// Many expired records, backdated with SQL, are deleted in batches of the
+// limit; live records, in flight or completed, survive.
+func TestDeleteExpiredInBatches(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	const expired, live, limit = 2500, 40, 1000
+	f.exec(t, `INSERT INTO `+f.table+` (scope, key, fingerprint, token, lease_expires_at, expires_at, response)
+		SELECT 'old', 'k' || i, 'fp', NULL, NULL, now() - interval '1 hour' + i * interval '1 millisecond', '\x01'::bytea
+		FROM generate_series(1, $1) AS i`, expired/2)
+	f.exec(t, `INSERT INTO `+f.table+` (scope, key, fingerprint, token, lease_expires_at, expires_at)
+		SELECT 'old-inflight', 'k' || i, 'fp', 't' || i, now() - interval '2 hours', now() - interval '1 second'
+		FROM generate_series(1, $1) AS i`, expired-expired/2)
+	var owned []idem.ClaimParams
+	for i := range live {
+		p := claimParams("live", fmt.Sprint("k", i))
+		mustClaim(t, f.store, p, idem.ClaimAcquired)
+		if i%2 == 0 {
+			if err := f.store.Complete(t.Context(), completeParams(p, &idem.Response{StatusCode: 201})); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			owned = append(owned, p)
+		}
+	}
+	var counts []int
+	for {
+		n, err := f.store.DeleteExpired(t.Context(), idem.DeleteExpiredParams{Limit: limit, Now: time.Now()})
+		if err != nil {
+			t.Fatalf("DeleteExpired: %v", err)
+		}
+		counts = append(counts, n)
+		if n < limit || len(counts) > 10 {
+			break
+		}
+	}
+	if want := []int{1000, 1000, 500}; fmt.Sprint(counts) != fmt.Sprint(want) {
+		t.Errorf("batches deleted %v, want %v", counts, want)
+	}
+	if got := f.count(t, "SELECT count(*) FROM "+f.table); got != live {
+		t.Errorf("%d records left, want the %d live ones", got, live)
+	}
+	for _, p := range owned {
+		if err := f.store.Renew(t.Context(), idem.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); err != nil {
+			t.Errorf("Renew of a live record after DeleteExpired: %v", err)
+		}
+	}
+	if n, err := f.store.DeleteExpired(t.Context(), idem.DeleteExpiredParams{Limit: limit}); err != nil || n != 0 {
+		t.Errorf("DeleteExpired with nothing expired = %d, %v", n, err)
+	}
+}
+
+// Replays, in-flight duplicates and mismatches must not write to the
+// record: no new row version (xmin unchanged) and no row lock (xmax stays
+// 0), so they cost no WAL flush.
+func TestReadOnlyOutcomesWriteNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	version := func(key string) string {
+		var v string
+		if err := f.pool.QueryRow(t.Context(), "SELECT xmin::text || '/' || xmax::text FROM "+f.table+" WHERE key = $1", key).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	inFlight := claimParams("scope", "in-flight")
+	mustClaim(t, f.store, inFlight, idem.ClaimAcquired)
+	done := claimParams("scope", "done")
+	mustClaim(t, f.store, done, idem.ClaimAcquired)
+	if err := f.store.Complete(t.Context(), completeParams(done, &idem.Response{StatusCode: 200, Body: []byte("ok")})); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]string{"in-flight": version("in-flight"), "done": version("done")}
+	for key, want := range map[string]idem.ClaimOutcome{"in-flight": idem.ClaimInFlight, "done": idem.ClaimCompleted} {
+		mustClaim(t, f.store, claimParams("scope", key), want)
+		q := claimParams("scope", key)
+		q.Fingerprint = idem.FingerprintVersion + ":other"
+		mustClaim(t, f.store, q, idem.ClaimMismatch)
+	}
+	for key, v := range before {
+		if !strings.HasSuffix(v, "/0") {
+			t.Fatalf("%s: xmax set before the test: %s", key, v)
+		}
+		if got := version(key); got != v {
+			t.Errorf("%s: row version %s became %s after read-only claims", key, v, got)
+		}
+	}
+}
+
+// A claim whose statement snapshot misses a row committed while the
+// statement waits for it must run again and report that row, not fail or
+// acquire; if the other transaction rolls back, the claim acquires.
+func TestClaimSeesRowCommittedDuringStatement(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	stored, _ := (&idem.Response{StatusCode: 201, Body: []byte("stored")}).MarshalBinary()
+	cases := []struct {
+		name   string
+		insert string
+		args   []any
+		commit bool
+		want   idem.ClaimOutcome
+	}{
+		{"in flight", "INSERT INTO " + f.table + " (scope, key, fingerprint, token, lease_expires_at, expires_at) VALUES ('scope', $1, $2, 'other', now() + interval '1 minute', now() + interval '1 hour')",
+			nil, true, idem.ClaimInFlight},
+		{"completed", "INSERT INTO " + f.table + " (scope, key, fingerprint, expires_at, response) VALUES ('scope', $1, $2, now() + interval '1 hour', $3)",
+			[]any{stored}, true, idem.ClaimCompleted},
+		{"rolled back", "INSERT INTO " + f.table + " (scope, key, fingerprint, token, lease_expires_at, expires_at) VALUES ('scope', $1, $2, 'other', now() + interval '1 minute', now() + interval '1 hour')",
+			nil, false, idem.ClaimAcquired},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			key := c.name
+			tx, err := f.pool.Begin(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			if _, err := tx.Exec(t.Context(), c.insert, append([]any{key, fpA}, c.args...)...); err != nil {
+				t.Fatal(err)
+			}
+			var pid int
+			if err := tx.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				r   idem.ClaimResult
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				r, err := f.store.Claim(t.Context(), claimParams("scope", key))
+				done <- result{r, err}
+			}()
+			waitForBlocked(t, f, pid)
+			if c.commit {
+				err = tx.Commit(t.Context())
+			} else {
+				err = tx.Rollback(t.Context())
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := <-done
+			if res.err != nil {
+				t.Fatalf("Claim: %v", res.err)
+			}
+			if res.r.Outcome != c.want {
+				t.Fatalf("Claim = %v, want %v", res.r.Outcome, c.want)
+			}
+			if c.want == idem.ClaimCompleted && string(res.r.Record.Response.Body) != "stored" {
+				t.Errorf("replayed %q", res.r.Record.Response.Body)
+			}
+		})
+	}
+}
+
+// waitForBlocked polls until a backend waits for a lock that backend pid
+// holds. Real time has to pass here (the claim must reach the lock), so a
+// deadline bounds the polling.
+func waitForBlocked(t *testing.T, f *fixture, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if f.count(t, "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", pid) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no backend blocked on pid %d within 10s", pid)
+		}
+		<-tick.C
+	}
+}

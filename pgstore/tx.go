@@ -1,0 +1,104 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemhq/idem"
+	"github.com/jackc/pgx/v5"
+)
+
+// CompleteTx is Complete inside the caller's transaction tx, which must be
+// on the Store's database: the business writes made in tx, the owner-token
+// check and the stored response commit together, or not at all. It returns
+// idem.ErrLeaseLost if p.Token no longer owns an in-flight record (the
+// record was taken over, released or has expired); the caller must then roll
+// tx back, so that no business write survives a lost lease. It returns
+// idem.ErrResponseTooLarge, executing nothing in tx, as Complete does.
+//
+// Call it last, just before Commit: from this statement on, tx holds the
+// record's row lock, so that renewals of the record, and claims that would
+// take it over, wait for the commit (duplicates that find the lease live
+// answer at once without waiting).
+//
+// Use READ COMMITTED (PostgreSQL's default). Under REPEATABLE READ or
+// SERIALIZABLE, a lease renewal committed after tx took its snapshot makes
+// this update fail with a serialization error (SQLSTATE 40001), although
+// the token still owns the record.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p idem.CompleteParams) error {
+	if tx == nil {
+		return errors.New("pgstore: complete in transaction: nil transaction")
+	}
+	return s.complete(ctx, tx, p, "complete in transaction")
+}
+
+// BeginTx implements idem.TxStore: it begins a transaction on the Store's
+// pool, with the server's default isolation level. The core calls it
+// lazily, when the operation first asks for its transaction (see Tx).
+func (s *Store) BeginTx(ctx context.Context) (idem.StoreTx, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: begin: %w", err)
+	}
+	return &storeTx{s: s, tx: tx}, nil
+}
+
+// storeTx is the idem.StoreTx of a Store.
+//
+// It deliberately does not implement idem.TxRenewer: renewals go through
+// the pool, on other connections. In PostgreSQL, row locks and MVCC let a
+// renewal update the record while the business transaction is open,
+// because that transaction does not touch the record until CompleteTx, its
+// last statement. Renewing inside the transaction would be wrong: the
+// extended lease would stay invisible to other instances until the commit,
+// so they would see the old lease run out and take the record over.
+type storeTx struct {
+	s  *Store
+	tx pgx.Tx
+}
+
+func (t *storeTx) Complete(ctx context.Context, p idem.CompleteParams) error {
+	return t.s.CompleteTx(ctx, t.tx, p)
+}
+
+func (t *storeTx) Commit(ctx context.Context) error {
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgstore: commit: %w", err)
+	}
+	return nil
+}
+
+// Rollback does nothing after Commit or an earlier Rollback, as
+// idem.StoreTx requires.
+func (t *storeTx) Rollback(ctx context.Context) error {
+	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("pgstore: rollback: %w", err)
+	}
+	return nil
+}
+
+// Native returns the pgx.Tx.
+func (t *storeTx) Native() any { return t.tx }
+
+// Tx returns the transaction of the idempotent execution ctx belongs to (a
+// handler's request context under idem.Middleware, or an operation's
+// context in idem.Executor.Do), beginning it on first use. Business writes
+// made through it commit together with the stored response after the
+// handler returns and before the response is sent, and roll back if the
+// handler fails (a released outcome such as a 5xx), panics or loses its
+// lease. Do not commit or roll it back yourself.
+//
+// Outside such an execution it returns an error wrapping idem.ErrNoTx; if
+// the execution's store is not a pgstore.Store, an error.
+func Tx(ctx context.Context) (pgx.Tx, error) {
+	st, err := idem.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, ok := st.(*storeTx)
+	if !ok {
+		return nil, fmt.Errorf("pgstore: the execution's transaction is a %T, not a pgstore transaction", st)
+	}
+	return t.tx, nil
+}

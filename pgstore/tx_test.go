@@ -1,0 +1,241 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/pgstore"
+)
+
+// businessTable creates a table for the test's business rows in the
+// fixture's schema and returns its quoted name.
+func businessTable(t *testing.T, f *fixture) string {
+	t.Helper()
+	name := f.schema + ".payments"
+	f.exec(t, "CREATE TABLE "+name+" (id bigserial PRIMARY KEY, idem_key text NOT NULL, amount integer NOT NULL)")
+	return name
+}
+
+func TestCompleteTxCommitsWithBusinessRows(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	payments := businessTable(t, f)
+	p := claimParams("scope", "pay-1")
+	mustClaim(t, f.store, p, idem.ClaimAcquired)
+
+	tx, err := f.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", p.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.CompleteTx(t.Context(), tx, completeParams(p, &idem.Response{StatusCode: 201, Body: []byte("paid")})); err != nil {
+		t.Fatalf("CompleteTx: %v", err)
+	}
+	// Before the commit, others see neither the payment nor the response.
+	if n := f.count(t, "SELECT count(*) FROM "+payments); n != 0 {
+		t.Errorf("%d payments visible before commit", n)
+	}
+	mustClaim(t, f.store, claimParams("scope", "pay-1"), idem.ClaimInFlight)
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.count(t, "SELECT count(*) FROM "+payments+" WHERE idem_key = 'pay-1'"); n != 1 {
+		t.Errorf("%d payments after commit, want 1", n)
+	}
+	r := mustClaim(t, f.store, claimParams("scope", "pay-1"), idem.ClaimCompleted)
+	if string(r.Record.Response.Body) != "paid" {
+		t.Errorf("replayed %q", r.Record.Response.Body)
+	}
+}
+
+// A worker whose lease ran out and was taken over must not commit its
+// business rows: CompleteTx says ErrLeaseLost, the caller rolls back.
+func TestCompleteTxStaleTokenRollsBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	payments := businessTable(t, f)
+	stale := claimParams("scope", "pay-1")
+	mustClaim(t, f.store, stale, idem.ClaimAcquired)
+	f.expireLease(t, stale.Scope, stale.Key)
+	successor := claimParams("scope", "pay-1")
+	if r := mustClaim(t, f.store, successor, idem.ClaimAcquired); !r.TookOver {
+		t.Fatal("the successor's claim did not take over")
+	}
+
+	tx, err := f.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", stale.Key); err != nil {
+		t.Fatal(err)
+	}
+	err = f.store.CompleteTx(t.Context(), tx, completeParams(stale, &idem.Response{StatusCode: 201, Body: []byte("stale")}))
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("stale CompleteTx: %v, want ErrLeaseLost", err)
+	}
+	if err := tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.count(t, "SELECT count(*) FROM "+payments); n != 0 {
+		t.Errorf("%d payments after rollback, want 0", n)
+	}
+	// The successor still owns the record.
+	if err := f.store.Complete(t.Context(), completeParams(successor, &idem.Response{StatusCode: 201, Body: []byte("successor")})); err != nil {
+		t.Fatalf("successor Complete: %v", err)
+	}
+}
+
+// A claim that would take over an expired lease while the owner's
+// business transaction has already run CompleteTx waits for that
+// transaction and then replays, instead of executing a second time.
+func TestTakeOverWaitsForCompletingTransaction(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	p := claimParams("scope", "slow")
+	mustClaim(t, f.store, p, idem.ClaimAcquired)
+	f.expireLease(t, p.Scope, p.Key)
+	tx, err := f.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var pid int
+	if err := tx.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	// The lease has run out but nobody took the record over: the owner
+	// still completes it.
+	if err := f.store.CompleteTx(t.Context(), tx, completeParams(p, &idem.Response{StatusCode: 201, Body: []byte("done")})); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		r   idem.ClaimResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := f.store.Claim(t.Context(), claimParams("scope", "slow"))
+		done <- result{r, err}
+	}()
+	waitForBlocked(t, f, pid)
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil {
+		t.Fatalf("Claim: %v", res.err)
+	}
+	if res.r.Outcome != idem.ClaimCompleted || string(res.r.Record.Response.Body) != "done" {
+		t.Errorf("Claim after the owner's commit = %v %+v, want the completed response", res.r.Outcome, res.r.Record.Response)
+	}
+}
+
+func TestTxOutsideExecution(t *testing.T) {
+	t.Parallel()
+	if _, err := pgstore.Tx(context.Background()); !errors.Is(err, idem.ErrNoTx) {
+		t.Errorf("Tx outside an execution: %v, want ErrNoTx", err)
+	}
+}
+
+// Through the middleware: the handler's business row and the stored
+// response commit together on 201; on 500 the row rolls back and the key is
+// released, so a retry runs the handler again.
+func TestMiddlewareTransaction(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	payments := businessTable(t, f)
+	mw, err := idem.NewMiddleware(f.store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	var fail atomic.Bool
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", mw.Handle(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		tx, err := pgstore.Tx(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		info, _ := idem.InfoFromContext(r.Context())
+		if _, err := tx.Exec(r.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", info.Key); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if fail.Load() {
+			http.Error(w, "downstream failed", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"pay_1"}`)
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	post := func(key string) (int, string, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), "POST", srv.URL+"/payments", strings.NewReader(`{"amount":100}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", `"`+key+`"`)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get(idem.HeaderReplayed), string(b)
+	}
+	paymentsFor := func(key string) int {
+		return f.count(t, "SELECT count(*) FROM "+payments+" WHERE idem_key = $1", key)
+	}
+
+	if code, replayed, body := post("ok-1"); code != 201 || replayed != "false" {
+		t.Fatalf("first request: %d replayed=%s %s", code, replayed, body)
+	}
+	if n := paymentsFor("ok-1"); n != 1 {
+		t.Errorf("%d payments after 201, want 1", n)
+	}
+	if code, replayed, body := post("ok-1"); code != 201 || replayed != "true" || body != `{"id":"pay_1"}` {
+		t.Errorf("retry: %d replayed=%s %s", code, replayed, body)
+	}
+	if calls.Load() != 1 || paymentsFor("ok-1") != 1 {
+		t.Errorf("after a replay: %d handler calls, %d payments; want 1 and 1", calls.Load(), paymentsFor("ok-1"))
+	}
+
+	fail.Store(true)
+	if code, _, _ := post("fail-1"); code != 500 {
+		t.Fatalf("failing request: %d, want 500", code)
+	}
+	if n := paymentsFor("fail-1"); n != 0 {
+		t.Errorf("%d payments after a 500, want 0 (rolled back)", n)
+	}
+	if n := f.count(t, "SELECT count(*) FROM "+f.table+" WHERE key = 'fail-1'"); n != 0 {
+		t.Errorf("the record of a 500 was kept; want it released")
+	}
+	fail.Store(false)
+	if code, replayed, _ := post("fail-1"); code != 201 || replayed != "false" {
+		t.Errorf("retry after a 500: %d replayed=%s, want a fresh 201", code, replayed)
+	}
+	if n := paymentsFor("fail-1"); n != 1 {
+		t.Errorf("%d payments after the successful retry, want 1", n)
+	}
+	if calls.Load() != 3 {
+		t.Errorf("%d handler calls, want 3", calls.Load())
+	}
+}
