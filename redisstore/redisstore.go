@@ -103,20 +103,20 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 // braces make the digest the key's Redis Cluster hash tag, whatever bytes
 // the scope or key contain, and neither appears in clear in Redis.
 func (s *Store) Key(scope, key string) string {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
 	// The length prefix keeps (scope "a", key "bc") apart from ("ab", "c").
-	h.Write(binary.AppendUvarint(n[:0], uint64(len(scope))))
-	h.Write([]byte(scope))
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	b := make([]byte, 0, len(s.prefix)+2+2*sha256.Size)
-	b = append(b, s.prefix...)
-	b = append(b, '{')
-	b = hex.AppendEncode(b, sum[:])
-	b = append(b, '}')
-	return string(b)
+	var buf [512]byte
+	in := binary.AppendUvarint(buf[:0], uint64(len(scope)))
+	in = append(append(in, scope...), key...)
+	sum := sha256.Sum256(in)
+	var tag [2 * sha256.Size]byte
+	hex.Encode(tag[:], sum[:])
+	var b strings.Builder
+	b.Grow(len(s.prefix) + len(tag) + 2)
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	b.Write(tag[:])
+	b.WriteByte('}')
+	return b.String()
 }
 
 // Claim implements idem.Store. Lease and TTL count from the Redis server's
@@ -215,14 +215,15 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if p.Response == nil {
 		return errors.New("redisstore: complete needs a response")
 	}
-	body := len(p.Response.Body)
+	body, size := len(p.Response.Body), p.Response.EncodedSize()
 	if body > s.maxBody {
 		return fmt.Errorf("redisstore: complete: body of %d bytes, limit %d: %w", body, s.maxBody, idem.ErrResponseTooLarge)
 	}
-	if h := p.Response.EncodedSize() - body; h > s.maxHeaders {
+	if h := size - body; h > s.maxHeaders {
 		return fmt.Errorf("redisstore: complete: status and header fields of %d bytes, limit %d: %w", h, s.maxHeaders, idem.ErrResponseTooLarge)
 	}
-	enc, err := p.Response.MarshalBinary()
+	// The MarshalBinary encoding, into a buffer of its exact size.
+	enc, err := p.Response.AppendBinary(make([]byte, 0, size))
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -234,13 +235,13 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	return s.owned(ctx, "release", releaseScript, p.Scope, p.Key, p.Token)
 }
 
-// owned runs a script that acts only for the owner token and returns 1 if
-// it did, 0 if the token does not own the record.
-func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scope, key, token string, args ...any) error {
+// owned runs a script that acts only for the owner token (the first of
+// args) and replies 1 if it did, 0 if the token does not own the record.
+func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scope, key string, args ...any) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}
-	n, err := script.Run(ctx, s.client, []string{s.Key(scope, key)}, append([]any{token}, args...)...).Int64()
+	n, err := script.Run(ctx, s.client, []string{s.Key(scope, key)}, args...).Int64()
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}
