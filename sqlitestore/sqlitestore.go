@@ -1,0 +1,544 @@
+// Package sqlitestore is the embedded idem.Store: idempotency records in a
+// SQLite file, with nothing to install (modernc.org/sqlite, no cgo).
+//
+// It is correct for many goroutines in one process and for several
+// processes sharing one file on one machine. It implements idem.TxStore:
+// the handler's business writes, the owner-token check, the record's
+// completion and the stored response commit in one SQLite transaction, so
+// after a crash either both exist or neither.
+//
+// # Connections and locks
+//
+// Open keeps two pools on the file: a writer with a single connection whose
+// transactions are BEGIN IMMEDIATE (SQLite allows one writer at a time; a
+// single connection removes SQLITE_BUSY between this process's own
+// goroutines and measured faster than several), and a pool of read-only
+// connections. The database runs in WAL mode with synchronous=NORMAL and a
+// busy timeout for the writers of other processes.
+//
+// Claims read first: duplicates of completed or running requests (replays,
+// 409, 422) are answered by a read that never waits for the write lock.
+// Only a claim that creates or takes over a record writes, in its own short
+// transaction, committed before the handler runs.
+//
+// The transaction handed to a handler (Tx) is begun lazily, when the
+// handler first asks for it, and holds the write lock until the response is
+// stored. Do slow non-database work (calls to other services) before
+// asking for the transaction: while it is open, other writers in this
+// process queue for the connection and those of other processes wait up to
+// the busy timeout. Lease renewal does not starve: while the transaction is
+// open the core renews through it.
+//
+// Records expire at their retention time and then behave as absent;
+// DeleteExpired removes them in bounded batches when the application (or
+// `idem cleanup`) calls it. The store starts no goroutines.
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemhq/idem"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+)
+
+// Defaults of Config.
+const (
+	DefaultTable            = "idem_records"
+	DefaultBusyTimeout      = 5 * time.Second
+	DefaultMaxResponseBytes = 16 << 20
+)
+
+// Config configures a Store. A nil *Config means all defaults.
+type Config struct {
+	// Table names the records table. It must be a plain SQL identifier.
+	// Defaults to "idem_records".
+	Table string
+
+	// BusyTimeout is how long a writer waits for another process's write
+	// lock before failing with SQLITE_BUSY. Defaults to 5 seconds.
+	BusyTimeout time.Duration
+
+	// MaxResponseBytes bounds the encoded size of a stored response;
+	// Complete returns idem.ErrResponseTooLarge above it, and the core
+	// completes the record without a body instead. Defaults to 16 MiB,
+	// above the middleware's own default limit.
+	MaxResponseBytes int
+
+	// ReadConns is the size of the read-only connection pool. Defaults to
+	// four per CPU.
+	ReadConns int
+}
+
+// Store is an idem.Store and idem.TxStore on a SQLite file.
+type Store struct {
+	writer *sql.DB
+	reader *sql.DB
+	table  string
+	maxLen int
+	q      queries
+}
+
+var (
+	_ idem.Store     = (*Store)(nil)
+	_ idem.TxStore   = (*Store)(nil)
+	_ idem.StoreTx   = (*storeTx)(nil)
+	_ idem.TxRenewer = (*storeTx)(nil)
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Open opens (creating it if needed) the SQLite database at path and
+// migrates the store's schema. The Store owns its connections; Close them
+// with Close.
+func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if !identifier.MatchString(c.Table) {
+		return nil, fmt.Errorf("sqlitestore: table name %q is not a plain identifier", c.Table)
+	}
+	if c.BusyTimeout == 0 {
+		c.BusyTimeout = DefaultBusyTimeout
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.ReadConns == 0 {
+		c.ReadConns = 4 * runtime.NumCPU()
+	}
+	if c.BusyTimeout < 0 || c.MaxResponseBytes < 0 || c.ReadConns < 0 {
+		return nil, errors.New("sqlitestore: negative Config value")
+	}
+	if path == "" || strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("sqlitestore: unusable database path %q", path)
+	}
+	if path == ":memory:" {
+		return nil, errors.New("sqlitestore: an in-memory database cannot be shared by the store's connections; use a file (or memstore)")
+	}
+
+	busy := strconv.FormatInt(c.BusyTimeout.Milliseconds(), 10)
+	common := "file:" + path + "?_pragma=busy_timeout(" + busy + ")&_pragma=foreign_keys(1)"
+	writer, err := sql.Open("sqlite", common+"&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
+	}
+	writer.SetMaxOpenConns(1)
+	writer.SetMaxIdleConns(1)
+	writer.SetConnMaxLifetime(0)
+	writer.SetConnMaxIdleTime(0)
+
+	s := &Store{writer: writer, table: c.Table, maxLen: c.MaxResponseBytes, q: newQueries(c.Table)}
+	if err := s.migrate(ctx); err != nil {
+		writer.Close()
+		return nil, err
+	}
+	// The reader opens after the writer created the file and switched it
+	// to WAL, which is a property of the file.
+	reader, err := sql.Open("sqlite", common+"&_pragma=query_only(1)")
+	if err != nil {
+		writer.Close()
+		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
+	}
+	reader.SetMaxOpenConns(c.ReadConns)
+	reader.SetMaxIdleConns(c.ReadConns)
+	s.reader = reader
+	return s, nil
+}
+
+// Close closes the store's connections.
+func (s *Store) Close() error {
+	return errors.Join(s.reader.Close(), s.writer.Close())
+}
+
+// DB returns the store's writer: the single read-write connection pool of
+// the file, for the application's own schema and writes outside an
+// idempotent execution. Writes through it queue behind the store's.
+func (s *Store) DB() *sql.DB { return s.writer }
+
+// ReadDB returns the store's pool of read-only connections, for the
+// application's queries: WAL readers never wait for the write lock.
+func (s *Store) ReadDB() *sql.DB { return s.reader }
+
+// migrate applies the embedded migrations that the file has not seen, in
+// one immediate transaction, so concurrent processes migrate once.
+func (s *Store) migrate(ctx context.Context) error {
+	tx, err := s.writer.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	defer tx.Rollback()
+	versionTable := s.table + "_schema"
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+versionTable+` (version INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	var current int
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM `+versionTable).Scan(&current); err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	files, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	slices.Sort(files)
+	for _, f := range files {
+		name := strings.TrimPrefix(f, "migrations/")
+		v, err := strconv.Atoi(name[:strings.IndexByte(name, '_')])
+		if err != nil {
+			return fmt.Errorf("sqlitestore: migration %s: bad name", name)
+		}
+		if v <= current {
+			continue
+		}
+		body, err := migrations.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, strings.ReplaceAll(string(body), "{{table}}", s.table)); err != nil {
+			return fmt.Errorf("sqlitestore: migration %s: %w", name, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+versionTable+` (version) VALUES (?)`, v); err != nil {
+			return fmt.Errorf("sqlitestore: migration %s: %w", name, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	return nil
+}
+
+const (
+	stateInFlight  = 1
+	stateCompleted = 2
+)
+
+type queries struct {
+	get, insert, takeOver, renew, complete, release, deleteExpired string
+}
+
+func newQueries(t string) queries {
+	return queries{
+		get: `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t +
+			` WHERE scope = ? AND key = ?`,
+		insert: `INSERT OR REPLACE INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
+			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)`,
+		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?
+			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?`,
+		renew: `UPDATE ` + t + ` SET lease_until = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		complete: `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		release: `DELETE FROM ` + t + ` WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		deleteExpired: `DELETE FROM ` + t + ` WHERE (scope, key) IN
+			(SELECT scope, key FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`,
+	}
+}
+
+// row is a record as read from the table.
+type row struct {
+	fingerprint string
+	state       int
+	leaseUntil  int64
+	expiresAt   int64
+	response    []byte
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func (s *Store) get(ctx context.Context, q querier, scope, key string) (row, bool, error) {
+	var r row
+	err := q.QueryRowContext(ctx, s.q.get, scope, key).Scan(&r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &r.response)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, false, nil
+	}
+	return r, err == nil, err
+}
+
+func nanos(t int64) time.Time { return time.Unix(0, t).UTC() }
+
+// decide returns the outcome of a claim that finds r at time now, or false
+// if the claim must write (the record is absent, expired, or its lease is
+// to be taken over).
+func decide(r row, found bool, fp string, now int64) (idem.ClaimResult, bool, error) {
+	if !found || now >= r.expiresAt {
+		return idem.ClaimResult{}, false, nil
+	}
+	rec := idem.Record{Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt), State: idem.StateInFlight}
+	switch {
+	case r.fingerprint != fp:
+		if r.state == stateCompleted {
+			rec.State = idem.StateCompleted
+		}
+		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: rec}, true, nil
+	case r.state == stateCompleted:
+		rec.State = idem.StateCompleted
+		resp := new(idem.Response)
+		if err := resp.UnmarshalBinary(r.response); err != nil {
+			return idem.ClaimResult{}, true, fmt.Errorf("sqlitestore: stored response: %w", err)
+		}
+		rec.Response = resp
+		return idem.ClaimResult{Outcome: idem.ClaimCompleted, Record: rec}, true, nil
+	case now < r.leaseUntil:
+		rec.LeaseExpiresAt = nanos(r.leaseUntil)
+		return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: rec}, true, nil
+	}
+	return idem.ClaimResult{}, false, nil
+}
+
+// Claim implements idem.Store.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if p.Lease <= 0 || p.TTL <= 0 {
+		return idem.ClaimResult{}, errors.New("sqlitestore: claim needs a positive lease and TTL")
+	}
+	now := p.Now.UnixNano()
+	// Duplicates are answered by a read, without the write lock.
+	r, found, err := s.get(ctx, s.reader, p.Scope, p.Key)
+	if err != nil {
+		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
+	}
+	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
+		return res, err
+	}
+
+	// The record is absent, expired or abandoned: decide again under the
+	// write lock, and write.
+	wait := ctx
+	if found && now < r.expiresAt {
+		// Taking over an in-flight record whose lease looks expired. If
+		// someone holds the write lock, it is most likely the owner, whose
+		// renewals inside its open transaction are not visible yet:
+		// answer "in progress" rather than queue behind it.
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, takeOverWait)
+		defer cancel()
+	}
+	conn, err := s.beginImmediate(wait)
+	if err != nil {
+		if wait != ctx && ctx.Err() == nil && wait.Err() != nil {
+			return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: idem.Record{
+				State: idem.StateInFlight, Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt), LeaseExpiresAt: nanos(r.leaseUntil),
+			}}, nil
+		}
+		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
+	}
+	defer conn.Close()
+	res, err := s.claimLocked(ctx, conn, p, now)
+	if err == nil {
+		_, err = conn.ExecContext(ctx, "COMMIT")
+	}
+	if err != nil {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
+	}
+	return res, nil
+}
+
+// takeOverWait bounds how long a claim that would take over an abandoned
+// record waits for the write lock before answering "in progress".
+const takeOverWait = 100 * time.Millisecond
+
+// beginImmediate takes the writer connection and the file's write lock,
+// waiting for both no longer than wait allows. The transaction is begun
+// with an explicit BEGIN IMMEDIATE on the connection, not with BeginTx,
+// because database/sql rolls a transaction back when the context it was
+// begun with ends, and wait may end before the claim does.
+func (s *Store) beginImmediate(wait context.Context) (*sql.Conn, error) {
+	conn, err := s.writer.Conn(wait)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.ExecContext(wait, "BEGIN IMMEDIATE"); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// claimLocked decides and writes a claim under the write lock.
+func (s *Store) claimLocked(ctx context.Context, conn *sql.Conn, p idem.ClaimParams, now int64) (idem.ClaimResult, error) {
+	r, found, err := s.get(ctx, conn, p.Scope, p.Key)
+	if err != nil {
+		return idem.ClaimResult{}, err
+	}
+	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
+		return res, err
+	}
+	lease, expires := p.Now.Add(p.Lease).UnixNano(), p.Now.Add(p.TTL).UnixNano()
+	res := idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{
+		State: idem.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
+	}}
+	if found && now < r.expiresAt {
+		// An in-flight record with the same fingerprint whose lease ended.
+		n, err := execRows(ctx, conn, s.q.takeOver, p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now)
+		if err != nil {
+			return idem.ClaimResult{}, err
+		}
+		if n != 1 {
+			return idem.ClaimResult{}, errors.New("take-over changed no row under the write lock")
+		}
+		res.TookOver = true
+		return res, nil
+	}
+	if _, err := conn.ExecContext(ctx, s.q.insert, p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires); err != nil {
+		return idem.ClaimResult{}, err
+	}
+	return res, nil
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func execRows(ctx context.Context, e execer, q string, args ...any) (int64, error) {
+	res, err := e.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// fenced runs a statement that changes only a record owned by token, and
+// turns "no such row" into idem.ErrLeaseLost.
+func fenced(ctx context.Context, e execer, op, q string, args ...any) error {
+	n, err := execRows(ctx, e, q, args...)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: %s: %w", op, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("sqlitestore: %s: %w", op, idem.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Renew implements idem.Store.
+func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
+	return s.renew(ctx, s.writer, p)
+}
+
+func (s *Store) renew(ctx context.Context, e execer, p idem.RenewParams) error {
+	return fenced(ctx, e, "renew", s.q.renew, p.Now.Add(p.Lease).UnixNano(), p.Scope, p.Key, p.Token, p.Now.UnixNano())
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
+	return s.complete(ctx, s.writer, p)
+}
+
+// CompleteTx completes the record inside the caller's transaction, which
+// must be a transaction on DB(): the caller's business writes, the
+// owner-token check and the stored response then commit together. It
+// returns idem.ErrLeaseLost when the token no longer owns the record; the
+// caller must then roll back. It is the non-HTTP form of what the
+// middleware does with Tx.
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParams) error {
+	return s.complete(ctx, tx, p)
+}
+
+func (s *Store) complete(ctx context.Context, e execer, p idem.CompleteParams) error {
+	if p.Response == nil {
+		return errors.New("sqlitestore: complete needs a response")
+	}
+	if n := p.Response.EncodedSize(); n > s.maxLen {
+		return fmt.Errorf("sqlitestore: complete: %d-byte response over the %d-byte limit: %w", n, s.maxLen, idem.ErrResponseTooLarge)
+	}
+	enc, err := p.Response.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("sqlitestore: complete: %w", err)
+	}
+	return fenced(ctx, e, "complete", s.q.complete, enc, p.Scope, p.Key, p.Token, p.Now.UnixNano())
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	return fenced(ctx, s.writer, "release", s.q.release, p.Scope, p.Key, p.Token, p.Now.UnixNano())
+}
+
+// DeleteExpired implements idem.Store. Each call is one short write
+// transaction using the index on the expiry time.
+func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (int, error) {
+	if p.Limit <= 0 {
+		return 0, errors.New("sqlitestore: DeleteExpired needs a positive limit")
+	}
+	n, err := execRows(ctx, s.writer, s.q.deleteExpired, p.Now.UnixNano(), p.Limit)
+	if err != nil {
+		return 0, fmt.Errorf("sqlitestore: delete expired: %w", err)
+	}
+	return int(n), nil
+}
+
+// BeginTx implements idem.TxStore: an immediate transaction on the writer.
+func (s *Store) BeginTx(ctx context.Context) (idem.StoreTx, error) {
+	tx, err := s.writer.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: begin: %w", err)
+	}
+	return &storeTx{s: s, tx: tx}, nil
+}
+
+type storeTx struct {
+	s  *Store
+	tx *sql.Tx
+}
+
+func (t *storeTx) Complete(ctx context.Context, p idem.CompleteParams) error {
+	return t.s.complete(ctx, t.tx, p)
+}
+
+// Renew renews inside the transaction: it holds the file's write lock, so
+// a renewal on another connection would wait for it to end.
+func (t *storeTx) Renew(ctx context.Context, p idem.RenewParams) error {
+	return t.s.renew(ctx, t.tx, p)
+}
+
+func (t *storeTx) Commit(context.Context) error {
+	if err := t.tx.Commit(); err != nil {
+		return fmt.Errorf("sqlitestore: commit: %w", err)
+	}
+	return nil
+}
+
+func (t *storeTx) Rollback(context.Context) error {
+	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("sqlitestore: rollback: %w", err)
+	}
+	return nil
+}
+
+func (t *storeTx) Native() any { return t.tx }
+
+// Tx returns the transaction of the idempotent execution ctx belongs to,
+// beginning it on first use (see the package documentation for what that
+// costs). Write the operation's business rows through it: they commit with
+// the stored response, or roll back if the handler fails, panics or loses
+// its lease. Outside an execution on a sqlitestore it returns an error
+// wrapping idem.ErrNoTx.
+func Tx(ctx context.Context) (*sql.Tx, error) {
+	st, err := idem.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, ok := st.(*storeTx)
+	if !ok {
+		return nil, fmt.Errorf("sqlitestore: the execution's store is not a sqlitestore: %w", idem.ErrNoTx)
+	}
+	return t.tx, nil
+}
