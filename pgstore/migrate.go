@@ -102,7 +102,7 @@ func (s *Store) migrate(ctx context.Context) error {
 		// The common case at start-up: nothing to do, no lock taken.
 		return nil
 	}
-	useLock := true
+	useLock := !s.noAdvisoryLock
 	for attempt := 1; ; attempt++ {
 		err := s.migrateOnce(ctx, useLock)
 		if err == nil {

@@ -80,6 +80,10 @@ type Store struct {
 
 	migrationList []migration
 	latest        int
+	// noAdvisoryLock makes migrations rely on idempotent DDL and retries
+	// alone, as they must where advisory locks are missing (tests use it
+	// to check that fallback on PostgreSQL).
+	noAdvisoryLock bool
 
 	claimSQL, renewSQL, completeSQL, releaseSQL, deleteExpiredSQL string
 }
@@ -96,8 +100,22 @@ var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
 // and the records table, or migrates them to the current version; several
 // instances may call it at the same time. New starts no goroutines.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	s, skipMigrate, err := build(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if !skipMigrate {
+		if err := s.migrate(ctx); err != nil {
+			return nil, fmt.Errorf("pgstore: migrate %s: %w", s.table, err)
+		}
+	}
+	return s, nil
+}
+
+// build validates cfg and returns the Store, without touching the database.
+func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 	if pool == nil {
-		return nil, errors.New("pgstore: nil pool")
+		return nil, false, errors.New("pgstore: nil pool")
 	}
 	var c Config
 	if cfg != nil {
@@ -114,14 +132,14 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	for _, id := range []struct{ field, name string }{{"Schema", c.Schema}, {"Table", c.Table}} {
 		if !identRE.MatchString(id.name) {
-			return nil, fmt.Errorf("pgstore: %s %q is not a valid name: use a-z, 0-9 and _, start with a letter or _, at most 48 bytes", id.field, id.name)
+			return nil, false, fmt.Errorf("pgstore: %s %q is not a valid name: use a-z, 0-9 and _, start with a letter or _, at most 48 bytes", id.field, id.name)
 		}
 	}
 	if c.Table == migrationsTable {
-		return nil, fmt.Errorf("pgstore: Table %q is reserved for the migration history", c.Table)
+		return nil, false, fmt.Errorf("pgstore: Table %q is reserved for the migration history", c.Table)
 	}
 	if c.MaxResponseBytes < 0 {
-		return nil, errors.New("pgstore: MaxResponseBytes is negative")
+		return nil, false, errors.New("pgstore: MaxResponseBytes is negative")
 	}
 
 	s := &Store{
@@ -140,16 +158,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	)
 	ms, err := loadMigrations(r)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", err)
+		return nil, false, fmt.Errorf("pgstore: %w", err)
 	}
 	s.migrationList, s.latest = ms, ms[len(ms)-1].version
 	s.prepareSQL()
-	if !c.SkipMigrate {
-		if err := s.migrate(ctx); err != nil {
-			return nil, fmt.Errorf("pgstore: migrate %s: %w", s.table, err)
-		}
-	}
-	return s, nil
+	return s, c.SkipMigrate, nil
 }
 
 // prepareSQL builds the statement texts for the configured table. Times are

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/storetest"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestConformance(t *testing.T) {
@@ -72,37 +73,48 @@ func TestNewRejectsBadConfig(t *testing.T) {
 }
 
 // Eight instances starting at once on an empty schema: all succeed, the
-// migration is recorded once, and the table works.
+// migration is recorded once, and the table works. Also without the
+// advisory lock, as on CockroachDB and YugabyteDB: idempotent DDL and
+// retries must converge on their own.
 func TestConcurrentMigrations(t *testing.T) {
 	t.Parallel()
-	pool := sharedPool(t)
-	schema := freshSchema(t, pool)
-	const n = 8
-	stores := make([]*pgstore.Store, n)
-	errs := make([]error, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			stores[i], errs[i] = pgstore.New(t.Context(), pool, &pgstore.Config{Schema: schema})
-		}()
+	newFuncs := map[string]func(context.Context, *pgxpool.Pool, *pgstore.Config) (*pgstore.Store, error){
+		"advisory lock":    pgstore.New,
+		"no advisory lock": pgstore.NewWithoutAdvisoryLock,
 	}
-	close(start)
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("New #%d: %v", i, err)
-		}
-	}
-	f := &fixture{pool: pool, schema: schema}
-	if got := f.count(t, "SELECT count(*) FROM "+schema+".idem_migrations WHERE table_name = $1", pgstore.DefaultTable); got != 1 {
-		t.Errorf("%d migration rows, want 1", got)
-	}
-	for i, s := range stores {
-		mustClaim(t, s, claimParams("scope", fmt.Sprint("k", i)), idem.ClaimAcquired)
+	for name, newStore := range newFuncs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool := sharedPool(t)
+			schema := freshSchema(t, pool)
+			const n = 8
+			stores := make([]*pgstore.Store, n)
+			errs := make([]error, n)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					stores[i], errs[i] = newStore(t.Context(), pool, &pgstore.Config{Schema: schema})
+				}()
+			}
+			close(start)
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("New #%d: %v", i, err)
+				}
+			}
+			f := &fixture{pool: pool, schema: schema}
+			if got := f.count(t, "SELECT count(*) FROM "+schema+".idem_migrations WHERE table_name = $1", pgstore.DefaultTable); got != 1 {
+				t.Errorf("%d migration rows, want 1", got)
+			}
+			for i, s := range stores {
+				mustClaim(t, s, claimParams("scope", fmt.Sprint("k", i)), idem.ClaimAcquired)
+			}
+		})
 	}
 }
 

@@ -1,0 +1,26 @@
+package pgstore
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// NewWithoutAdvisoryLock is New with migrations that do not take the
+// advisory lock, as on databases that lack it.
+func NewWithoutAdvisoryLock(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	s, _, err := build(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.noAdvisoryLock = true
+	if err := s.migrate(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ClaimSQL and CompleteSQL return the statement texts, for the benchmarks'
+// raw loops.
+func ClaimSQL(s *Store) string    { return s.claimSQL }
+func CompleteSQL(s *Store) string { return s.completeSQL }
