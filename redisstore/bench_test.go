@@ -18,10 +18,10 @@ import (
 
 // The benchmarks compare the store with a raw go-redis loop sending the same
 // EVALSHA calls (same scripts, same keys and arguments, prepared in
-// advance), at 1, 8 and 32 concurrent workers. The difference is what the
-// store adds: hashing the scope and key into the key name, encoding and
-// decoding the response, checking and converting replies. Each reports
-// ops/s and the p50 and p99 latency of one operation.
+// advance), at 1, 8 and 32 concurrent workers, in the same run and
+// interleaved (see runPaired). The difference is what the store adds:
+// hashing the scope and key into the key name, encoding and decoding the
+// response, checking and converting replies.
 //
 //	go test -run '^$' -bench . -benchtime 20000x -count 5
 
@@ -68,9 +68,9 @@ func BenchmarkClaimComplete(b *testing.B) {
 	const scope = "7:tenant1|POST /payments"
 	lease, ttl := (30 * time.Second).Milliseconds(), time.Minute.Milliseconds()
 	for _, workers := range benchWorkers {
-		b.Run(fmt.Sprintf("store/workers=%d", workers), func(b *testing.B) {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 			s := newStore(b, c, nil)
-			runWorkers(b, workers, func(ctx context.Context, i int) error {
+			store := func(ctx context.Context, i int) error {
 				key := "k" + strconv.Itoa(i)
 				tok := "t" + strconv.Itoa(i)
 				r, err := s.Claim(ctx, idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: tok,
@@ -82,9 +82,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 					return fmt.Errorf("claim %d: %v", i, r.Outcome)
 				}
 				return s.Complete(ctx, idem.CompleteParams{Scope: scope, Key: key, Token: tok, Response: resp})
-			})
-		})
-		b.Run(fmt.Sprintf("raw/workers=%d", workers), func(b *testing.B) {
+			}
 			prefix := newPrefix(b, c)
 			keys := make([][]string, b.N)
 			toks := make([]string, b.N)
@@ -92,7 +90,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 				keys[i] = []string{prefix + "{" + strconv.Itoa(i) + "}"}
 				toks[i] = "t" + strconv.Itoa(i)
 			}
-			runWorkers(b, workers, func(ctx context.Context, i int) error {
+			raw := func(ctx context.Context, i int) error {
 				v, err := redisstore.ClaimScript.EvalSha(ctx, c, keys[i], fpA, toks[i], lease, ttl).Slice()
 				if err != nil {
 					return err
@@ -105,7 +103,8 @@ func BenchmarkClaimComplete(b *testing.B) {
 					err = fmt.Errorf("complete %d: %d", i, n)
 				}
 				return err
-			})
+			}
+			runPaired(b, workers, store, raw)
 		})
 	}
 }
@@ -118,7 +117,7 @@ func BenchmarkReplay(b *testing.B) {
 	const scope, key = "7:tenant1|POST /payments", "replayed"
 	lease, ttl := (30 * time.Second).Milliseconds(), time.Hour.Milliseconds()
 	for _, workers := range benchWorkers {
-		b.Run(fmt.Sprintf("store/workers=%d", workers), func(b *testing.B) {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 			s := newStore(b, c, nil)
 			ctx := b.Context()
 			if _, err := s.Claim(ctx, idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: "owner",
@@ -128,58 +127,78 @@ func BenchmarkReplay(b *testing.B) {
 			if err := s.Complete(ctx, idem.CompleteParams{Scope: scope, Key: key, Token: "owner", Response: resp}); err != nil {
 				b.Fatal(err)
 			}
-			runWorkers(b, workers, func(ctx context.Context, i int) error {
+			store := func(ctx context.Context, i int) error {
 				r, err := s.Claim(ctx, idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: "retry",
 					Lease: 30 * time.Second, TTL: time.Hour})
 				if err == nil && (r.Outcome != idem.ClaimCompleted || r.Record.Response.StatusCode != http.StatusCreated) {
 					err = fmt.Errorf("replay %d: %v", i, r.Outcome)
 				}
 				return err
-			})
-		})
-		b.Run(fmt.Sprintf("raw/workers=%d", workers), func(b *testing.B) {
-			s := newStore(b, c, nil)
-			ctx := b.Context()
-			if _, err := s.Claim(ctx, idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: "owner",
-				Lease: 30 * time.Second, TTL: time.Hour}); err != nil {
-				b.Fatal(err)
 			}
-			if err := s.Complete(ctx, idem.CompleteParams{Scope: scope, Key: key, Token: "owner", Response: resp}); err != nil {
-				b.Fatal(err)
-			}
+			// The same record, read by the same script without the store.
 			keys := []string{s.Key(scope, key)}
-			runWorkers(b, workers, func(ctx context.Context, i int) error {
+			raw := func(ctx context.Context, i int) error {
 				v, err := redisstore.ClaimScript.EvalSha(ctx, c, keys, fpA, "retry", lease, ttl).Slice()
 				if err == nil && v[0] != int64(2) {
 					err = fmt.Errorf("replay %d: outcome %v", i, v[0])
 				}
 				return err
-			})
+			}
+			runPaired(b, workers, store, raw)
 		})
 	}
 }
 
-// runWorkers runs op b.N times in total, spread over the given number of
-// goroutines, and reports throughput and per-operation latency.
-func runWorkers(b *testing.B, workers int, op func(ctx context.Context, i int) error) {
+// runPaired runs the store's operation and the raw loop's b.N times each,
+// over the given number of concurrent workers, in alternating chunks (and
+// alternating which goes first), so that load from outside the benchmark
+// falls on both alike. It reports each side's ops/s and p50/p99 latency of
+// one operation, and the ratio of the store's throughput to the raw
+// loop's. ns/op covers both sides.
+func runPaired(b *testing.B, workers int, store, raw func(ctx context.Context, i int) error) {
 	b.Helper()
-	ctx := b.Context()
+	sides := []*side{{name: "store", op: store}, {name: "raw", op: raw}}
+	chunk := 50 * workers
+	b.ResetTimer()
+	for done, round := 0, 0; done < b.N; round++ {
+		n := min(chunk, b.N-done)
+		for k := range sides {
+			sides[(k+round)%2].run(b, workers, done, n)
+		}
+		done += n
+	}
+	b.StopTimer()
+	for _, sd := range sides {
+		sd.report(b)
+	}
+	b.ReportMetric(sides[0].opsPerSec()/sides[1].opsPerSec(), "store/raw")
+}
+
+// side is one of the two loops runPaired compares.
+type side struct {
+	name    string
+	op      func(ctx context.Context, i int) error
+	elapsed time.Duration
+	lat     []time.Duration
+}
+
+// run runs op for indices [from, from+n) over the workers.
+func (sd *side) run(b *testing.B, workers, from, n int) {
 	var next atomic.Int64
+	next.Store(int64(from))
 	lat := make([][]time.Duration, workers)
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
-	b.ResetTimer()
 	start := time.Now()
 	for w := range workers {
-		lat[w] = make([]time.Duration, 0, b.N/workers+1)
 		wg.Go(func() {
 			for {
 				i := int(next.Add(1)) - 1
-				if i >= b.N {
+				if i >= from+n {
 					return
 				}
 				t0 := time.Now()
-				if err := op(ctx, i); err != nil {
+				if err := sd.op(b.Context(), i); err != nil {
 					errs[w] = err
 					return
 				}
@@ -188,16 +207,22 @@ func runWorkers(b *testing.B, workers int, op func(ctx context.Context, i int) e
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
+	sd.elapsed += time.Since(start)
 	for _, err := range errs {
 		if err != nil {
-			b.Fatal(err)
+			b.Fatalf("%s: %v", sd.name, err)
 		}
 	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
-	b.ReportMetric(float64(all[len(all)/2])/1e3, "p50-µs")
-	b.ReportMetric(float64(all[len(all)*99/100])/1e3, "p99-µs")
+	for _, l := range lat {
+		sd.lat = append(sd.lat, l...)
+	}
+}
+
+func (sd *side) opsPerSec() float64 { return float64(len(sd.lat)) / sd.elapsed.Seconds() }
+
+func (sd *side) report(b *testing.B) {
+	slices.Sort(sd.lat)
+	b.ReportMetric(sd.opsPerSec(), sd.name+"-ops/s")
+	b.ReportMetric(float64(sd.lat[len(sd.lat)/2])/1e3, sd.name+"-p50-µs")
+	b.ReportMetric(float64(sd.lat[len(sd.lat)*99/100])/1e3, sd.name+"-p99-µs")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -151,23 +152,33 @@ func newServer(t *testing.T, s idem.Store, cfg *idem.Config) (*httptest.Server, 
 // with its body read into a fresh reader.
 func post(t *testing.T, srv *httptest.Server, key, body string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/pay", strings.NewReader(body))
+	resp, err := tryPost(t.Context(), srv, key, body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return resp
+}
+
+// tryPost is post for goroutines other than the test's, which must not
+// call t.Fatal.
+func tryPost(ctx context.Context, srv *httptest.Server, key, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/pay", strings.NewReader(body))
+	if err != nil {
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(idem.HeaderKey, `"`+key+`"`)
 	resp, err := srv.Client().Do(req)
 	if err != nil {
-		t.Fatalf("POST: %v", err)
+		return nil, fmt.Errorf("POST: %w", err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("reading the response: %v", err)
+		return nil, fmt.Errorf("reading the response: %w", err)
 	}
 	resp.Body = io.NopCloser(strings.NewReader(string(b)))
-	return resp
+	return resp, nil
 }
 
 // requireProblem checks a problem+json answer's status and code.
@@ -181,4 +192,88 @@ func requireProblem(t *testing.T, resp *http.Response, status int, code string) 
 		t.Fatalf("got %d %v, want %d %s", resp.StatusCode, p["code"], status, code)
 	}
 	return p
+}
+
+// Redis goes away while the handler runs, so the completion cannot be
+// stored: the client still gets the handler's response, and the record
+// stays in flight until its lease expires, when a retry runs the handler
+// again. This is the gap the README tells users to close with the business
+// operation's own uniqueness.
+func TestPartitionDuringHandler(t *testing.T) {
+	t.Parallel()
+	direct := newClient(t)
+	opts, err := redis.ParseURL(redisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := newProxy(t, opts.Addr)
+	opts.Addr = px.Addr()
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, c, &redisstore.Config{Prefix: newPrefix(t, direct)})
+	const lease = 300 * time.Millisecond
+	mw, err := idem.NewMiddleware(s, &idem.Config{Lease: lease, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	started, proceed := make(chan struct{}, 1), make(chan struct{})
+	srv := httptest.NewServer(mw.Handle(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ran.Add(1) == 1 {
+			started <- struct{}{}
+			<-proceed
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "charged")
+	})))
+	t.Cleanup(srv.Close)
+
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	first := make(chan result, 1)
+	go func() {
+		resp, err := tryPost(t.Context(), srv, "k", `{"n":1}`)
+		first <- result{resp, err}
+	}()
+	select {
+	case <-started:
+	case r := <-first:
+		t.Fatalf("the first attempt ended before its handler ran: %v, %v", r.resp, r.err)
+	}
+	px.Cut()
+	close(proceed)
+	r := <-first
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	resp := r.resp
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get(idem.HeaderReplayed) != "false" {
+		t.Fatalf("first attempt: status %d, replayed %q; want its own 201", resp.StatusCode, resp.Header.Get(idem.HeaderReplayed))
+	}
+	px.Restore()
+
+	// Retries see the key in flight until the lease runs out, then one
+	// takes it over and runs the handler again. Real time has to pass.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp := post(t, srv, "k", `{"n":1}`)
+		if resp.StatusCode == http.StatusCreated {
+			break
+		}
+		requireProblem(t, resp, http.StatusConflict, idem.CodeRequestInProgress)
+		if time.Now().After(deadline) {
+			t.Fatal("the key stayed in flight for 10s with a 300ms lease")
+		}
+		wait(lease / 3)
+	}
+	if n := ran.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2 (once more after the lease)", n)
+	}
+	// That second run completed normally: from now on retries replay.
+	resp = post(t, srv, "k", `{"n":1}`)
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("after the take-over: status %d, replayed %q", resp.StatusCode, resp.Header.Get(idem.HeaderReplayed))
+	}
 }

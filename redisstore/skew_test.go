@@ -48,7 +48,12 @@ func TestSkewedExecutorsShareLeases(t *testing.T) {
 			})
 			done <- outcome{res, err}
 		}()
-		info := <-started
+		var info *idem.RequestInfo
+		select {
+		case info = <-started:
+		case o := <-done:
+			t.Fatalf("the owner ended before its operation ran: %+v, %v", o.res, o.err)
+		}
 		claimedAt := time.Now()
 		nearNow(t, "ExpiresAt of the claim", info.ExpiresAt, claimedAt.Add(ttl))
 
