@@ -30,7 +30,10 @@
 // A record is one hash at Prefix + "{" + hex(SHA-256(scope, key)) + "}"
 // (see Store.Key), with the Redis expiry set to the end of its retention.
 // Redis deletes expired records itself: DeleteExpired has nothing to do and
-// returns 0. Idempotency keys and scopes are never stored in clear.
+// returns 0. Idempotency keys and scopes are never stored in clear. Run Redis
+// with maxmemory-policy noeviction (its default): every record has an expiry,
+// so the volatile-* policies may evict records early, and an evicted record
+// lets a retry run the operation again.
 //
 // # Cluster and Sentinel
 //
