@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -579,6 +580,22 @@ func TestTransportErrorsAreRetried(t *testing.T) {
 	var ie *idemclient.Error
 	if !errors.As(err, &ie) || ie.Result.Attempts != 3 || attempts != 3 {
 		t.Errorf("error %v after %d attempts, want an *Error after 3", err, attempts)
+	}
+}
+
+// A certificate the client does not trust will not be trusted on a retry.
+func TestCertificateErrorsAreNotRetried(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the failed handshake is expected
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	attempts := 0
+	c := newClient(t, &idemclient.Config{AttemptFunc: func(*http.Request, idemclient.Attempt) { attempts++ }})
+	_, err := c.Post(srv.URL, "application/json", strings.NewReader("{}"))
+	var ie *idemclient.Error
+	if err == nil || !errors.As(err, &ie) || attempts != 1 {
+		t.Errorf("error %v after %d attempts, want a certificate error after 1", err, attempts)
 	}
 }
 

@@ -9,8 +9,9 @@
 // should refuse; a WARN is a departure from the draft or from good practice
 // that does not by itself duplicate work.
 //
-// The checks execute the operation for real, about ten times plus the
-// concurrent duplicates: point it at a test environment, with a payload
+// The checks execute the operation for real: seven times on an endpoint
+// that deduplicates correctly, more on one that does not (up to all the
+// concurrent duplicates). Point it at a test environment, with a payload
 // whose side effects are harmless there.
 package check
 
