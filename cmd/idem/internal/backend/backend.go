@@ -1,0 +1,138 @@
+// Package backend opens the stores `idem serve`, `idem proxy` and
+// `idem cleanup` run on, from the --db and --store flags.
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/memstore"
+	"github.com/idemhq/idem/pgstore"
+	"github.com/idemhq/idem/redisstore"
+	"github.com/idemhq/idem/sqlitestore"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// Kind names a store backend.
+type Kind string
+
+// The backends.
+const (
+	SQLite   Kind = "sqlite"
+	Postgres Kind = "postgres"
+	Redis    Kind = "redis"
+	Memory   Kind = "memory"
+)
+
+// KindOf classifies a --db or --store value: a postgres:// or
+// postgresql:// URL, a redis:// or rediss:// URL, "memory", or else a
+// SQLite file path.
+func KindOf(spec string) Kind {
+	switch {
+	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
+		return Postgres
+	case strings.HasPrefix(spec, "redis://"), strings.HasPrefix(spec, "rediss://"):
+		return Redis
+	case spec == "memory":
+		return Memory
+	}
+	return SQLite
+}
+
+// Store is an opened records store.
+type Store struct {
+	idem.Store
+	Kind Kind
+	// Where describes the location without credentials, for logs.
+	Where string
+	// SQLite and PG are set for those backends, so that the application
+	// can keep its own tables in the same database.
+	SQLite *sqlitestore.Store
+	PG     *pgxpool.Pool
+	// Ping checks the backend is reachable.
+	Ping  func(ctx context.Context) error
+	close func() error
+}
+
+// Close closes the store and its connections.
+func (s *Store) Close() error {
+	if s == nil || s.close == nil {
+		return nil
+	}
+	return s.close()
+}
+
+// Open opens the store named by spec.
+func Open(ctx context.Context, spec string) (*Store, error) {
+	if spec == "" {
+		return nil, errors.New("no store given")
+	}
+	switch KindOf(spec) {
+	case Postgres:
+		pool, err := pgxpool.New(ctx, spec)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		s, err := pgstore.New(ctx, pool, nil)
+		if err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres %s: %w", redact(spec), err)
+		}
+		return &Store{Store: s, Kind: Postgres, Where: "PostgreSQL " + redact(spec), PG: pool,
+			Ping:  func(ctx context.Context) error { return pool.Ping(ctx) },
+			close: func() error { pool.Close(); return nil }}, nil
+	case Redis:
+		opts, err := redis.ParseURL(spec)
+		if err != nil {
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		client := redis.NewClient(opts)
+		s, err := redisstore.New(client, nil)
+		if err != nil {
+			client.Close()
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		// Redis may be down at start: the service starts anyway, answers
+		// 503 while it is, and recovers by itself.
+		return &Store{Store: s, Kind: Redis, Where: "Redis " + redact(spec),
+			Ping:  func(ctx context.Context) error { return client.Ping(ctx).Err() },
+			close: client.Close}, nil
+	case Memory:
+		s, err := memstore.New(nil)
+		if err != nil {
+			return nil, err
+		}
+		return &Store{Store: s, Kind: Memory, Where: "memory (this process only)",
+			Ping: func(context.Context) error { return nil }}, nil
+	}
+	abs, err := filepath.Abs(spec)
+	if err != nil {
+		return nil, err
+	}
+	s, err := sqlitestore.Open(ctx, abs, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Store: s, Kind: SQLite, Where: "SQLite file " + abs, SQLite: s,
+		Ping:  func(ctx context.Context) error { return s.ReadDB().PingContext(ctx) },
+		close: s.Close}, nil
+}
+
+// redact removes a password from a URL for logging.
+func redact(spec string) string {
+	if i := strings.Index(spec, "://"); i >= 0 {
+		rest := spec[i+3:]
+		if at := strings.LastIndexByte(strings.SplitN(rest, "/", 2)[0], '@'); at >= 0 {
+			cred := rest[:at]
+			if user, _, ok := strings.Cut(cred, ":"); ok {
+				return spec[:i+3] + user + ":xxxxx" + rest[at:]
+			}
+		}
+	}
+	return spec
+}

@@ -1,0 +1,206 @@
+// Package cli implements the idem command: one binary, with subcommands.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"time"
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+func commands() []command {
+	return []command{
+		{"serve", "run the payments demo service (SQLite by default)", runServe},
+		{"proxy", "run a reverse proxy that makes any HTTP API retry-safe", runProxy},
+		{"check", "grade an HTTP endpoint against the Idempotency-Key contract", runCheck},
+		{"cleanup", "delete expired idempotency records in batches", runCleanup},
+		{"version", "print the version", runVersion},
+	}
+}
+
+// Version is set at build time with -ldflags "-X ...cli.Version=...".
+var Version = "dev"
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// Main runs the idem command with args (without the program name) and
+// returns the process exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "idem: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `idem makes HTTP APIs safe to retry (the Idempotency-Key pattern).
+
+Usage: idem <command> [flags]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, `
+Run "idem <command> --help" for a command's flags. Every flag can also be set
+with an environment variable: IDEM_ followed by the flag name in upper case,
+with dashes as underscores (--op-delay is IDEM_OP_DELAY). A flag given on the
+command line wins over the environment.
+`)
+}
+
+func runVersion(_ context.Context, _ []string, stdout, _ io.Writer) int {
+	fmt.Fprintln(stdout, "idem", Version)
+	return exitOK
+}
+
+// flags is a flag set whose flags also read IDEM_* environment variables.
+type flags struct {
+	*flag.FlagSet
+	about string
+	args  []string // positional arguments, wherever they stood
+}
+
+func newFlags(name, about string, stderr io.Writer) *flags {
+	f := &flags{FlagSet: flag.NewFlagSet("idem "+name, flag.ContinueOnError), about: about}
+	f.SetOutput(stderr)
+	f.Usage = func() {
+		out := f.Output()
+		fmt.Fprintf(out, "Usage: idem %s [flags]%s\n\n%s\n\nFlags (each also from its environment variable):\n", name, argsHint(name), strings.TrimSpace(about))
+		var names []string
+		f.VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
+		sort.Strings(names)
+		for _, n := range names {
+			fl := f.Lookup(n)
+			def := ""
+			if fl.DefValue != "" && fl.DefValue != "0" && fl.DefValue != "0s" && fl.DefValue != "false" && fl.DefValue != "[]" {
+				def = fmt.Sprintf(" (default %s)", fl.DefValue)
+			}
+			fmt.Fprintf(out, "  --%s  [%s]%s\n", fl.Name, envName(fl.Name), def)
+			for _, line := range strings.Split(fl.Usage, "\n") {
+				fmt.Fprintf(out, "        %s\n", line)
+			}
+		}
+	}
+	return f
+}
+
+func argsHint(name string) string {
+	if name == "check" {
+		return " URL"
+	}
+	return ""
+}
+
+func envName(flagName string) string {
+	return "IDEM_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parse parses args, then fills every flag not given on the command line
+// from its environment variable. It returns an exit code and false when the
+// command must stop (help, or a usage error already reported).
+func (f *flags) parse(args []string) (int, bool) {
+	// Flags may come before or after positional arguments
+	// (idem check URL --json).
+	for {
+		if err := f.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return exitOK, false
+			}
+			return exitUsage, false
+		}
+		args = f.Args()
+		if len(args) == 0 {
+			break
+		}
+		f.args = append(f.args, args[0])
+		args = args[1:]
+	}
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	var bad error
+	f.VisitAll(func(fl *flag.Flag) {
+		if set[fl.Name] || bad != nil {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(fl.Name)); ok {
+			if err := fl.Value.Set(v); err != nil {
+				bad = fmt.Errorf("invalid value %q for %s: %v", v, envName(fl.Name), err)
+			}
+		}
+	})
+	if bad != nil {
+		fmt.Fprintf(f.Output(), "idem: %v\n", bad)
+		return exitUsage, false
+	}
+	return exitOK, true
+}
+
+// positional returns the arguments that are not flags.
+func (f *flags) positional() []string { return f.args }
+
+// usageError reports a bad flag value and returns the usage exit code.
+func (f *flags) usageError(format string, args ...any) int {
+	fmt.Fprintf(f.Output(), "idem %s: %s\n", strings.TrimPrefix(f.Name(), "idem "), fmt.Sprintf(format, args...))
+	return exitUsage
+}
+
+// multiFlag is a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string { return strings.Join(*m, ", ") }
+
+func (m *multiFlag) Set(v string) error {
+	*m = append(*m, v)
+	return nil
+}
+
+// newLogger returns the process logger for --log-format.
+func newLogger(format string, w io.Writer) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}
+
+// positiveDuration checks a duration flag.
+func positiveDuration(name string, d time.Duration, allowZero bool) error {
+	if d < 0 || (d == 0 && !allowZero) {
+		return fmt.Errorf("--%s must be positive, not %v", name, d)
+	}
+	return nil
+}

@@ -1,0 +1,143 @@
+package cli
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/cmd/idem/internal/metrics"
+)
+
+// Server timeouts. The write timeout leaves room for the handler's own
+// time (an operation delay, an upstream's answer).
+const (
+	readHeaderTimeout = 10 * time.Second
+	readTimeout       = 60 * time.Second
+	idleTimeout       = 120 * time.Second
+	shutdownTimeout   = 30 * time.Second
+	maxHeaderBytes    = 64 << 10
+)
+
+// serveHTTP runs h on ln until ctx ends, then shuts down gracefully: it
+// stops accepting, lets in-flight requests finish (and complete their
+// records), and returns. extraWrite is added to the write timeout.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger, extraWrite time.Duration) error {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      readTimeout + extraWrite,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down: waiting for in-flight requests", "timeout", shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
+
+// accessLog logs one line per request. The idempotency key is logged as a
+// short hash, never in clear.
+func accessLog(logger *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &metrics.StatusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		attrs := []slog.Attr{
+			slog.String("method", r.Method),
+			slog.String("path", r.URL.Path),
+			slog.Int("status", sw.Status()),
+			slog.Int64("bytes", sw.Bytes),
+			slog.Duration("duration", time.Since(start)),
+		}
+		if k := r.Header.Get(idem.HeaderKey); k != "" {
+			sum := sha256.Sum256([]byte(k))
+			attrs = append(attrs, slog.String("key", "sha256:"+hex.EncodeToString(sum[:6])))
+		}
+		if rp := sw.Header().Get(idem.HeaderReplayed); rp != "" {
+			attrs = append(attrs, slog.String("replayed", rp))
+		}
+		logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	})
+}
+
+// health answers 200 while every store answers a ping, 503 otherwise.
+func health(stores ...*backend.Store) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		for _, s := range stores {
+			if s == nil {
+				continue
+			}
+			if err := s.Ping(ctx); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte(`{"status":"unavailable","store":"` + string(s.Kind) + `"}` + "\n"))
+				return
+			}
+		}
+		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+}
+
+// cleanupLoop deletes expired records every interval until ctx ends. It is
+// the application's explicit cleanup: the stores never start goroutines.
+func cleanupLoop(ctx context.Context, s idem.Store, every time.Duration, logger *slog.Logger) {
+	if every <= 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := deleteExpired(ctx, s, 1000, 0)
+		if err != nil {
+			logger.Warn("cleanup of expired records failed", "error", err)
+		} else if n > 0 {
+			logger.Info("deleted expired records", "count", n)
+		}
+	}
+}
+
+// deleteExpired deletes expired records in batches of batch until a batch
+// comes back short (or maxBatches, if positive, were run).
+func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int) (int, error) {
+	total := 0
+	for i := 0; maxBatches <= 0 || i < maxBatches; i++ {
+		n, err := s.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: batch, Now: time.Now()})
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < batch {
+			break
+		}
+	}
+	return total, nil
+}

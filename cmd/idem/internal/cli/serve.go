@@ -1,0 +1,137 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/cmd/idem/internal/metrics"
+	"github.com/idemhq/idem/cmd/idem/internal/payments"
+)
+
+const serveAbout = `Runs the payments demo: a retry-safe payments API. POST /api/payments needs
+an Idempotency-Key; a retry replays the stored response byte for byte, a
+duplicate of a running request gets 409, a reused key with another payload
+gets 422. By default payments and idempotency records live in one SQLite file
+and commit in one transaction; nothing else needs to be installed.
+
+Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
+GET /healthz, GET /metrics (Prometheus).`
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	f := newFlags("serve", serveAbout, stderr)
+	addr := f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)")
+	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, or a postgres:// URL")
+	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
+	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
+	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
+	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
+	wait := f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once")
+	logFormat := f.String("log-format", "text", "log format: text or json")
+	cleanupEvery := f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)")
+	if code, ok := f.parse(args); !ok {
+		return code
+	}
+	if len(f.positional()) > 0 {
+		return f.usageError("unexpected argument %q", f.positional()[0])
+	}
+	logger, err := newLogger(*logFormat, stderr)
+	if err != nil {
+		return f.usageError("%v", err)
+	}
+	for _, c := range []struct {
+		name      string
+		d         time.Duration
+		allowZero bool
+	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *wait, true}, {"cleanup-interval", *cleanupEvery, true}} {
+		if err := positiveDuration(c.name, c.d, c.allowZero); err != nil {
+			return f.usageError("%v", err)
+		}
+	}
+	if *lease < idem.MinLease {
+		return f.usageError("--lease must be at least %v", idem.MinLease)
+	}
+	if *ttl < *lease {
+		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
+	}
+	if k := backend.KindOf(*db); k != backend.SQLite && k != backend.Postgres {
+		return f.usageError("--db must be a SQLite file path or a postgres:// URL (records can go to Redis with --store)")
+	}
+
+	dbStore, err := backend.Open(ctx, *db)
+	if err != nil {
+		logger.Error("cannot open the database", "db", *db, "error", err)
+		return exitError
+	}
+	defer dbStore.Close()
+	records := dbStore
+	if *storeSpec != "" && *storeSpec != *db {
+		if records, err = backend.Open(ctx, *storeSpec); err != nil {
+			logger.Error("cannot open the records store", "store", *storeSpec, "error", err)
+			return exitError
+		}
+		defer records.Close()
+	}
+	var repo payments.Repo
+	if dbStore.SQLite != nil {
+		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
+	} else {
+		repo = payments.PostgresRepo{Pool: dbStore.PG}
+	}
+	if err := repo.Migrate(ctx); err != nil {
+		logger.Error("cannot create the payments table", "error", err)
+		return exitError
+	}
+
+	m := metrics.New()
+	mw, err := idem.NewMiddleware(records, &idem.Config{
+		Lease:           *lease,
+		TTL:             *ttl,
+		Wait:            *wait,
+		ScopeFunc:       payments.Tenant,
+		FingerprintFunc: payments.Fingerprint,
+		MaxRequestBody:  payments.MaxBody,
+		Observer:        m,
+		Logger:          logger,
+	})
+	if err != nil {
+		return f.usageError("%v", err)
+	}
+	svc := &payments.Service{Repo: repo, OpDelay: *opDelay}
+	mux := http.NewServeMux()
+	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", mw.Handle(m.InFlight(http.HandlerFunc(svc.Create)))))
+	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
+	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", http.HandlerFunc(svc.Get)))
+	mux.Handle("GET /healthz", health(dbStore, records))
+	mux.Handle("GET /metrics", m.Handler())
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		logger.Error("cannot listen", "addr", *addr, "error", err)
+		return exitError
+	}
+	where := dbStore.Where
+	if records != dbStore {
+		where = fmt.Sprintf("payments in %s; idempotency records in %s (no shared transaction)", dbStore.Where, records.Where)
+	} else {
+		where = fmt.Sprintf("payments and idempotency records in %s, committed in one transaction", dbStore.Where)
+	}
+	logger.Info("idem serve listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
+		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay)
+
+	cctx, stopCleanup := context.WithCancel(ctx)
+	defer stopCleanup()
+	go cleanupLoop(cctx, records, *cleanupEvery, logger)
+
+	if err := serveHTTP(ctx, ln, accessLog(logger, mux), logger, *opDelay); err != nil {
+		logger.Error("server stopped", "error", err)
+		return exitError
+	}
+	logger.Info("stopped")
+	return exitOK
+}

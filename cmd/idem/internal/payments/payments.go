@@ -1,0 +1,306 @@
+// Package payments is the demo service behind `idem serve`: a small,
+// retry-safe payments API whose POST is protected by the idem middleware.
+//
+// Payments live in the same database as the idempotency records when the
+// records store is transactional (SQLite, PostgreSQL): the payment row and
+// the stored response then commit in one transaction. With records kept
+// elsewhere (Redis), each payment row carries the tenant and idempotency key
+// under a unique constraint, so that even a re-execution after a crash (the
+// lease-and-fencing guarantee's one gap) returns the existing payment
+// instead of creating a second one.
+package payments
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemhq/idem"
+)
+
+// Payment is a stored payment.
+type Payment struct {
+	ID          string    `json:"id"`
+	AmountCents int64     `json:"amountCents"`
+	Currency    string    `json:"currency"`
+	Reference   string    `json:"reference"`
+	CreatedAt   time.Time `json:"createdAt"`
+
+	tenant, key string
+}
+
+// ErrNotFound is returned by Repo.Get for an unknown payment, or another
+// tenant's.
+var ErrNotFound = errors.New("payments: not found")
+
+// Repo stores payments. Insert runs inside the idempotent execution whose
+// context it receives: on a transactional records store it writes through
+// the execution's transaction.
+type Repo interface {
+	// Migrate creates the payments table.
+	Migrate(ctx context.Context) error
+	// Insert stores p, or returns the payment already stored for the same
+	// tenant and idempotency key.
+	Insert(ctx context.Context, p Payment) (Payment, error)
+	// Get returns the tenant's payment id.
+	Get(ctx context.Context, tenant, id string) (Payment, error)
+	// Count returns the number of payments of all tenants.
+	Count(ctx context.Context) (int64, error)
+}
+
+// Service serves the payments API.
+type Service struct {
+	Repo Repo
+	// OpDelay makes the payment operation wait before it writes and
+	// commits, to make the in-flight window visible.
+	OpDelay time.Duration
+	// NowFunc is the clock for createdAt. Defaults to time.Now.
+	NowFunc func() time.Time
+}
+
+// MaxBody is the largest payment request accepted.
+const MaxBody = 16 << 10
+
+// normalised is the validated, normalised request: what is fingerprinted,
+// so that "usd" and "USD" (or surrounding spaces in the reference) are one
+// request.
+type normalised struct {
+	AmountCents int64  `json:"amountCents"`
+	Currency    string `json:"currency"`
+	Reference   string `json:"reference"`
+}
+
+// Validate parses and validates a payment request. It returns the
+// normalised request, or a 400 problem listing each invalid field. It is the
+// middleware's FingerprintFunc, so it runs before the key is claimed: an
+// invalid request does not consume its key.
+func Validate(body []byte) (normalised, *idem.Problem) {
+	// The strict JSON rules of the core (valid UTF-8, no duplicate member
+	// names) apply here too: this hook replaces its fingerprint.
+	if _, err := idem.AppendCanonicalJSON(nil, body); err != nil {
+		if len(strings.TrimSpace(string(body))) == 0 {
+			return normalised{}, invalid(map[string][]string{"body": {"is empty; send a JSON object"}})
+		}
+		return normalised{}, invalid(map[string][]string{"body": {strings.TrimPrefix(err.Error(), "idem: ")}})
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+		return normalised{}, invalid(map[string][]string{"body": {"must be a JSON object"}})
+	}
+	errs := map[string][]string{}
+	for name := range fields {
+		if name != "amountCents" && name != "currency" && name != "reference" {
+			errs[name] = append(errs[name], "is not a field of a payment")
+		}
+	}
+	var n normalised
+	if raw, ok := fields["amountCents"]; !ok {
+		errs["amountCents"] = append(errs["amountCents"], "is required")
+	} else {
+		// Any spelling of a whole number is accepted (2599, 2599.0,
+		// 2.599e3), as the fingerprint treats them as one value: its
+		// canonical form is then plain digits.
+		canon, _ := idem.AppendCanonicalJSON(nil, raw)
+		amount, err := strconv.ParseInt(string(canon), 10, 64)
+		isNumber := len(canon) > 0 && (canon[0] == '-' || (canon[0] >= '0' && canon[0] <= '9'))
+		switch {
+		case !isNumber || strings.ContainsAny(string(canon), ".e"):
+			errs["amountCents"] = append(errs["amountCents"], "must be a whole number of cents")
+		case err != nil && canon[0] != '-':
+			errs["amountCents"] = append(errs["amountCents"], "must be at most 1000000000000000")
+		case amount <= 0:
+			errs["amountCents"] = append(errs["amountCents"], "must be greater than 0")
+		case amount > 1e15:
+			errs["amountCents"] = append(errs["amountCents"], "must be at most 1000000000000000")
+		default:
+			n.AmountCents = amount
+		}
+	}
+	if c, ok, problem := stringField(fields, "currency"); !ok {
+		errs["currency"] = append(errs["currency"], problem)
+	} else {
+		c = strings.ToUpper(strings.TrimSpace(c))
+		if len(c) != 3 || strings.Trim(c, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
+			errs["currency"] = append(errs["currency"], "must be a 3-letter currency code such as USD")
+		}
+		n.Currency = c
+	}
+	if ref, ok, problem := stringField(fields, "reference"); !ok {
+		errs["reference"] = append(errs["reference"], problem)
+	} else {
+		ref = strings.TrimSpace(ref)
+		switch {
+		case ref == "":
+			errs["reference"] = append(errs["reference"], "must not be empty")
+		case utf8.RuneCountInString(ref) > 100:
+			errs["reference"] = append(errs["reference"], "must be at most 100 characters")
+		}
+		n.Reference = ref
+	}
+	if len(errs) > 0 {
+		return normalised{}, invalid(errs)
+	}
+	return n, nil
+}
+
+// stringField returns the string member name of fields, or why it is not
+// one.
+func stringField(fields map[string]json.RawMessage, name string) (string, bool, string) {
+	raw, ok := fields[name]
+	if !ok {
+		return "", false, "is required"
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", false, "must be a string"
+	}
+	return s, true, ""
+}
+
+func invalid(errs map[string][]string) *idem.Problem {
+	return &idem.Problem{
+		Type:       "https://github.com/idemhq/idem/blob/main/docs/payments.md#validation",
+		Status:     http.StatusBadRequest,
+		Code:       "payment.invalid",
+		Title:      "The payment request is invalid",
+		Detail:     "One or more fields are invalid; see errors.",
+		Extensions: map[string]any{"errors": errs},
+	}
+}
+
+// Fingerprint is the middleware's FingerprintFunc for POST /api/payments.
+func Fingerprint(_ *http.Request, body []byte) ([]byte, error) {
+	n, p := Validate(body)
+	if p != nil {
+		return nil, p
+	}
+	return json.Marshal(n)
+}
+
+// Tenant names the tenant of a request: the bearer token of its
+// Authorization field (any token is accepted: this is a demo), or the
+// anonymous tenant without one. The token itself is never stored: the
+// tenant is a hash of it.
+func Tenant(r *http.Request) (string, error) {
+	auth := r.Header.Get("Authorization")
+	if auth == "" {
+		return "anonymous", nil
+	}
+	scheme, token, ok := strings.Cut(auth, " ")
+	token = strings.TrimSpace(token)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		return "", &idem.Problem{Status: http.StatusUnauthorized, Code: "auth.invalid",
+			Type:   "https://github.com/idemhq/idem/blob/main/docs/payments.md#tenants",
+			Title:  "Invalid Authorization header",
+			Detail: "Send Authorization: Bearer <token>, or no Authorization header for the anonymous tenant."}
+	}
+	sum := sha256.Sum256([]byte(token))
+	return "t_" + hex.EncodeToString(sum[:12]), nil
+}
+
+// Create handles POST /api/payments, behind the idem middleware.
+func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "payment.unreadable", "The request body could not be read", err.Error())
+		return
+	}
+	n, p := Validate(body)
+	if p != nil {
+		idem.WriteProblem(w, p)
+		return
+	}
+	tenant, err := Tenant(r)
+	if err != nil {
+		idem.WriteProblem(w, err.(*idem.Problem))
+		return
+	}
+	ctx := r.Context()
+	// The delay is the slow, non-database part of the operation, done
+	// before the write transaction begins.
+	if s.OpDelay > 0 {
+		t := time.NewTimer(s.OpDelay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			writeProblem(w, http.StatusServiceUnavailable, "payment.cancelled", "The payment was cancelled", context.Cause(ctx).Error())
+			return
+		}
+	}
+	info, _ := idem.InfoFromContext(ctx)
+	pay := Payment{
+		ID: newID(), AmountCents: n.AmountCents, Currency: n.Currency, Reference: n.Reference,
+		CreatedAt: s.now().UTC().Truncate(time.Microsecond), tenant: tenant,
+	}
+	if info != nil {
+		pay.key = info.Key
+	}
+	pay, err = s.Repo.Insert(ctx, pay)
+	if err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/api/payments/"+pay.ID)
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(pay)
+}
+
+// Get handles GET /api/payments/{id}: the tenant's own payments only.
+func (s *Service) Get(w http.ResponseWriter, r *http.Request) {
+	tenant, err := Tenant(r)
+	if err != nil {
+		idem.WriteProblem(w, err.(*idem.Problem))
+		return
+	}
+	p, err := s.Repo.Get(r.Context(), tenant, r.PathValue("id"))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		writeProblem(w, http.StatusNotFound, "payment.not_found", "Payment not found", "No payment with this id exists for your tenant.")
+		return
+	case err != nil:
+		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// Count handles GET /api/payments/count.
+func (s *Service) Count(w http.ResponseWriter, r *http.Request) {
+	n, err := s.Repo.Count(r.Context())
+	if err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, "{\"count\":%d}\n", n)
+}
+
+func (s *Service) now() time.Time {
+	if s.NowFunc != nil {
+		return s.NowFunc()
+	}
+	return time.Now()
+}
+
+func writeProblem(w http.ResponseWriter, status int, code, title, detail string) {
+	idem.WriteProblem(w, &idem.Problem{Status: status, Code: code, Title: title, Detail: detail,
+		Type: "https://github.com/idemhq/idem/blob/main/docs/payments.md#errors"})
+}
+
+// newID returns a random payment id.
+func newID() string {
+	return "pay_" + strings.ToLower(rand.Text())
+}

@@ -1,0 +1,102 @@
+package payments
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/sqlitestore"
+)
+
+// SQLiteRepo keeps payments in the SQLite file of a sqlitestore.Store.
+type SQLiteRepo struct {
+	Store *sqlitestore.Store
+}
+
+// Migrate implements Repo.
+func (r SQLiteRepo) Migrate(ctx context.Context) error {
+	_, err := r.Store.DB().ExecContext(ctx, `
+		CREATE TABLE IF NOT EXISTS payments (
+			id              TEXT    PRIMARY KEY,
+			tenant          TEXT    NOT NULL,
+			idempotency_key TEXT    NOT NULL,
+			amount_cents    INTEGER NOT NULL,
+			currency        TEXT    NOT NULL,
+			reference       TEXT    NOT NULL,
+			created_at      TEXT    NOT NULL,
+			UNIQUE (tenant, idempotency_key)
+		)`)
+	if err != nil {
+		return fmt.Errorf("payments: migrate: %w", err)
+	}
+	return nil
+}
+
+// Insert implements Repo. Inside an execution on a sqlitestore it writes
+// through the execution's transaction; otherwise in its own.
+func (r SQLiteRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
+	tx, err := sqlitestore.Tx(ctx)
+	own := false
+	if errors.Is(err, idem.ErrNoTx) {
+		if tx, err = r.Store.DB().BeginTx(ctx, nil); err != nil {
+			return Payment{}, fmt.Errorf("payments: insert: %w", err)
+		}
+		own = true
+		defer tx.Rollback()
+	} else if err != nil {
+		return Payment{}, fmt.Errorf("payments: insert: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, idempotency_key) DO NOTHING`,
+		p.ID, p.tenant, p.key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt.Format(time.RFC3339Nano))
+	if err != nil {
+		return Payment{}, fmt.Errorf("payments: insert: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		// The same tenant and key already paid: a re-execution after a
+		// crash. Return that payment.
+		if p, err = scanSQLite(tx.QueryRowContext(ctx, selectSQLite+` WHERE tenant = ? AND idempotency_key = ?`, p.tenant, p.key)); err != nil {
+			return Payment{}, fmt.Errorf("payments: insert: %w", err)
+		}
+	}
+	if own {
+		if err := tx.Commit(); err != nil {
+			return Payment{}, fmt.Errorf("payments: insert: %w", err)
+		}
+	}
+	return p, nil
+}
+
+const selectSQLite = `SELECT id, amount_cents, currency, reference, created_at FROM payments`
+
+func scanSQLite(row *sql.Row) (Payment, error) {
+	var p Payment
+	var created string
+	if err := row.Scan(&p.ID, &p.AmountCents, &p.Currency, &p.Reference, &created); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return p, ErrNotFound
+		}
+		return p, err
+	}
+	t, err := time.Parse(time.RFC3339Nano, created)
+	if err != nil {
+		return p, err
+	}
+	p.CreatedAt = t
+	return p, nil
+}
+
+// Get implements Repo.
+func (r SQLiteRepo) Get(ctx context.Context, tenant, id string) (Payment, error) {
+	return scanSQLite(r.Store.ReadDB().QueryRowContext(ctx, selectSQLite+` WHERE tenant = ? AND id = ?`, tenant, id))
+}
+
+// Count implements Repo.
+func (r SQLiteRepo) Count(ctx context.Context) (int64, error) {
+	var n int64
+	err := r.Store.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM payments`).Scan(&n)
+	return n, err
+}
