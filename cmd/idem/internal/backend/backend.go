@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strings"
 
@@ -30,8 +31,10 @@ const (
 )
 
 // KindOf classifies a --db or --store value: a postgres:// or
-// postgresql:// URL, a redis:// or rediss:// URL, "memory", or else a
-// SQLite file path.
+// postgresql:// URL (its query parameter idem_schema=NAME chooses the
+// records' schema, default "idem"), a redis:// or rediss:// URL (its query
+// parameter prefix=TEXT starts every key, default "idem:"), "memory", or
+// else a SQLite file path.
 func KindOf(spec string) Kind {
 	switch {
 	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
@@ -74,11 +77,17 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 	}
 	switch KindOf(spec) {
 	case Postgres:
-		pool, err := pgxpool.New(ctx, spec)
+		// idem_schema=NAME (stripped before the URL reaches pgx) puts the
+		// records in another schema than "idem".
+		conn, schema, err := cutQuery(spec, "idem_schema")
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}
-		s, err := pgstore.New(ctx, pool, nil)
+		pool, err := pgxpool.New(ctx, conn)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		s, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema})
 		if err != nil {
 			pool.Close()
 			return nil, fmt.Errorf("postgres %s: %w", redact(spec), err)
@@ -87,12 +96,18 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 			Ping:  func(ctx context.Context) error { return pool.Ping(ctx) },
 			close: func() error { pool.Close(); return nil }}, nil
 	case Redis:
-		opts, err := redis.ParseURL(spec)
+		// prefix=TEXT (stripped before the URL reaches go-redis) starts
+		// every key with TEXT instead of "idem:".
+		conn, prefix, err := cutQuery(spec, "prefix")
+		if err != nil {
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		opts, err := redis.ParseURL(conn)
 		if err != nil {
 			return nil, fmt.Errorf("redis: %w", err)
 		}
 		client := redis.NewClient(opts)
-		s, err := redisstore.New(client, nil)
+		s, err := redisstore.New(client, &redisstore.Config{Prefix: prefix})
 		if err != nil {
 			client.Close()
 			return nil, fmt.Errorf("redis: %w", err)
@@ -121,6 +136,23 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 	return &Store{Store: s, Kind: SQLite, Where: "SQLite file " + abs, SQLite: s,
 		Ping:  func(ctx context.Context) error { return s.ReadDB().PingContext(ctx) },
 		close: s.Close}, nil
+}
+
+// cutQuery removes the query parameter name from a URL and returns the URL
+// without it and the parameter's value ("" if absent).
+func cutQuery(spec, name string) (string, string, error) {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return "", "", err
+	}
+	q := u.Query()
+	v := q.Get(name)
+	if !q.Has(name) {
+		return spec, "", nil
+	}
+	q.Del(name)
+	u.RawQuery = q.Encode()
+	return u.String(), v, nil
 }
 
 // redact removes a password from a URL for logging.
