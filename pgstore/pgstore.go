@@ -235,15 +235,28 @@ FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 	// One short transaction per batch, walking the expiry index; SKIP
 	// LOCKED leaves rows that a claim is replacing right now to that claim
-	// and never waits for them. The row locks make the outer DELETE remove
-	// exactly the rows the subquery chose: none can have been taken over
-	// in between.
-	s.deleteExpiredSQL = `DELETE FROM ` + t + ` WHERE (scope, key) IN (
+	// and never waits for them. The row locks make the DELETE remove
+	// exactly the rows batch chose: none can have been taken over in
+	// between.
+	//
+	// The chosen keys go through arrays because of the planner: with
+	// "(scope, key) IN (SELECT ...)" PostgreSQL 15 hash-joined the batch
+	// against a sequential scan of the whole table (550 ms per batch of
+	// 10,000 on a table of 1,000,000 rows). unnest is estimated at a few
+	// rows whatever the batch size, so the DELETE probes the primary key
+	// once per chosen row (65 ms for the same batch).
+	s.deleteExpiredSQL = `WITH batch AS (
 	SELECT scope, key FROM ` + t + `
 	WHERE expires_at <= statement_timestamp()
 	ORDER BY expires_at
 	LIMIT $1
-	FOR UPDATE SKIP LOCKED)`
+	FOR UPDATE SKIP LOCKED
+), ids AS (
+	SELECT array_agg(scope) AS scopes, array_agg(key) AS keys FROM batch
+)
+DELETE FROM ` + t + ` AS r
+USING ids, unnest(ids.scopes, ids.keys) AS d(scope, key)
+WHERE r.scope = d.scope AND r.key = d.key`
 }
 
 // Claim implements idem.Store. It commits in its own short transaction, so
