@@ -84,7 +84,8 @@ type Store interface {
 
 	// DeleteExpired deletes at most Limit records whose retention ended at or
 	// before Now, and returns how many it deleted. Callers repeat it until it
-	// returns fewer than Limit. It never deletes an unexpired record.
+	// returns fewer than Limit. It never deletes an unexpired record. A store
+	// whose backend deletes expired records itself (Redis) returns 0.
 	DeleteExpired(ctx context.Context, p DeleteExpiredParams) (int, error)
 }
 

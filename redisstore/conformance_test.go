@@ -11,7 +11,8 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
 	storetest.Run(t, storetest.Harness{
-		NewStore:    func(t *testing.T) idem.Store { return newStore(t, c, nil) },
-		ServerClock: true,
+		NewStore:     func(t *testing.T) idem.Store { return newStore(t, c, nil) },
+		ServerClock:  true,
+		SelfExpiring: true,
 	})
 }

@@ -60,8 +60,12 @@ func testExpiry(t *testing.T, h Harness) {
 				break
 			}
 		}
-		if total != old {
-			t.Errorf("DeleteExpired deleted %d records in batches %v, want %d", total, counts, old)
+		want := old
+		if h.SelfExpiring {
+			want = 0 // the backend already deleted them
+		}
+		if total != want {
+			t.Errorf("DeleteExpired deleted %d records in batches %v, want %d", total, counts, want)
 		}
 		// The unexpired records survived: their owners can still complete
 		// them.

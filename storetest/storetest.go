@@ -43,6 +43,12 @@ type Harness struct {
 	// The suite then lets leases and retention pass in real time, with
 	// short durations, and checks that a skewed Now changes nothing.
 	ServerClock bool
+
+	// SelfExpiring declares that the backend deletes records itself when
+	// their retention ends (Redis key expiry), so that DeleteExpired finds
+	// none left to delete. The suite then checks that expired records are
+	// gone and unexpired ones remain, without counting deletions.
+	SelfExpiring bool
 }
 
 // Run runs the conformance suite.
