@@ -79,15 +79,17 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem"
 )
 
 // Header names the Transport reads and writes.
 const (
 	// HeaderKey is the request field carrying the idempotency key.
-	HeaderKey = "Idempotency-Key"
+	HeaderKey = idem.HeaderKey
 	// HeaderReplayed is the response field with which idem (and other
 	// servers) mark a replayed response with "true".
-	HeaderReplayed = "Idempotency-Replayed"
+	HeaderReplayed = idem.HeaderReplayed
 )
 
 // Defaults of Config.
@@ -99,7 +101,7 @@ const (
 	DefaultMaxBufferedBody = 1 << 20
 	// MaxKeyLength is the longest key a KeyFunc may return; servers
 	// running idem reject longer ones.
-	MaxKeyLength = 255
+	MaxKeyLength = idem.MaxKeyLength
 )
 
 // ErrBodyNotReplayable is wrapped by the error RoundTrip returns when an
@@ -320,7 +322,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeBody(req)
 			return nil, fmt.Errorf("idemclient: KeyFunc: %w", err)
 		}
-		res.Key, keyField = key, []string{formatKey(key)}
+		res.Key, keyField = key, []string{idem.FormatKey(key)}
 	}
 	body, err := t.replayable(req)
 	if err != nil {
@@ -593,51 +595,20 @@ func newUUID(*http.Request) (string, error) {
 	return string(b[:]), nil
 }
 
+// checkKey accepts exactly the keys an idem server accepts.
 func checkKey(k string) error {
-	if k == "" || len(k) > MaxKeyLength {
-		return fmt.Errorf("key length %d is not between 1 and %d", len(k), MaxKeyLength)
-	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("key byte %d is not printable ASCII", i)
-		}
+	if got, err := idem.ParseKey([]string{idem.FormatKey(k)}); err != nil || got != k {
+		return fmt.Errorf("key %q is not 1 to %d printable ASCII characters", k, MaxKeyLength)
 	}
 	return nil
-}
-
-// formatKey returns key as a Structured Field string (RFC 9651).
-func formatKey(key string) string {
-	var b strings.Builder
-	b.Grow(len(key) + 2)
-	b.WriteByte('"')
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c == '"' || c == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(key[i])
-	}
-	b.WriteByte('"')
-	return b.String()
 }
 
 // unquoteKey returns the key named by a field value in either the
 // Structured Field string form or the bare form. It does not validate: a
 // caller-set value is sent as it is, and the server judges it.
 func unquoteKey(v string) string {
-	v = strings.Trim(v, " \t")
-	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
-		return v
+	if k, err := idem.ParseKey([]string{v}); err == nil {
+		return k
 	}
-	inner := v[1 : len(v)-1]
-	if !strings.Contains(inner, `\`) {
-		return inner
-	}
-	var b strings.Builder
-	for i := 0; i < len(inner); i++ {
-		if inner[i] == '\\' && i+1 < len(inner) {
-			i++
-		}
-		b.WriteByte(inner[i])
-	}
-	return b.String()
+	return strings.Trim(v, " \t")
 }
