@@ -54,5 +54,6 @@
 // lack: no ctid or xmax, no PL/pgSQL, no LISTEN/NOTIFY. The advisory lock
 // that serialises migrations is optional: where it is missing the migration
 // falls back to idempotent DDL and retries. DeleteExpired relies on FOR
-// UPDATE SKIP LOCKED (CockroachDB 23.1 and later). See README.md.
+// UPDATE SKIP LOCKED (CockroachDB 23.1 and later) and two-argument unnest.
+// See README.md.
 package pgstore

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/storetest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -480,4 +481,64 @@ func waitForBlocked(t *testing.T, f *fixture, pid int) {
 		}
 		<-tick.C
 	}
+}
+
+// Arguments the store cannot honour are refused before any statement runs,
+// with an error that is not one of the contract's sentinels.
+func TestClaimRejectsBadArguments(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	bad := map[string]func(*idem.ClaimParams){
+		"zero lease":   func(p *idem.ClaimParams) { p.Lease = 0 },
+		"negative TTL": func(p *idem.ClaimParams) { p.TTL = -time.Second },
+		"huge key":     func(p *idem.ClaimParams) { p.Key = strings.Repeat("k", 3000) },
+	}
+	for name, mutate := range bad {
+		p := claimParams("scope", "k")
+		mutate(&p)
+		if _, err := f.store.Claim(t.Context(), p); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("%s: Claim returned %v, want an argument error", name, err)
+		}
+	}
+	if err := f.store.Renew(t.Context(), idem.RenewParams{Scope: "scope", Key: "k", Token: "t"}); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Renew with a zero lease: %v, want an argument error", err)
+	}
+	if err := f.store.Complete(t.Context(), idem.CompleteParams{Scope: "scope", Key: "k", Token: "t"}); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Complete without a response: %v, want an argument error", err)
+	}
+	// Nothing was written.
+	if n := f.count(t, "SELECT count(*) FROM "+f.table); n != 0 {
+		t.Errorf("%d records after refused calls", n)
+	}
+}
+
+// The StoreTx of BeginTx: Native is the pgx.Tx, Rollback after Commit is a
+// no-op, and Commit makes the completion visible.
+func TestBeginTx(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	p := claimParams("scope", "k")
+	mustClaim(t, f.store, p, idem.ClaimAcquired)
+	st, err := f.store.BeginTx(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, ok := st.Native().(pgx.Tx)
+	if !ok {
+		t.Fatalf("Native() is a %T, want a pgx.Tx", st.Native())
+	}
+	var one int
+	if err := tx.QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Complete(t.Context(), completeParams(p, &idem.Response{StatusCode: 204})); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Rollback(t.Context()); err != nil {
+		t.Errorf("Rollback after Commit: %v, want nil", err)
+	}
+	mustClaim(t, f.store, claimParams("scope", "k"), idem.ClaimCompleted)
 }
