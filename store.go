@@ -20,7 +20,9 @@ var (
 	// ErrResponseTooLarge is returned by Complete when a store cannot hold
 	// the response it is given. The core then completes the record without a
 	// body (see Response.Unreplayable) so that the operation is still never
-	// executed twice.
+	// executed twice. Stores must hold at least DefaultMaxResponseBody bytes
+	// of body plus its header fields by default, so that the middleware's
+	// default limit, not the store's, decides what is replayable.
 	ErrResponseTooLarge = errors.New("idem: response too large for the store")
 
 	// ErrStoreFull is returned by Claim when a store with a bounded capacity
