@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# test.sh runs all of idem's tests: formatting and vet, every package of
+# every module in the workspace with the race detector, a short fuzzing
+# pass over each parser, the end-to-end script against the real binary, and
+# a smoke run of the benchmark harness.
+#
+# Server-backed tests use PostgreSQL and Redis on this machine
+# (IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL); they skip when a server is
+# unreachable, unless CI is set, in which case they fail.
+#
+# FUZZTIME (default 10s) sets each fuzz target's time; 0 skips fuzzing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [[ -n "$unformatted" ]]; then
+	echo "gofmt would change:"
+	echo "$unformatted"
+	exit 1
+fi
+
+step "go vet (every module)"
+go vet github.com/idemhq/idem/...
+
+step "go test -race (every module)"
+go test -race -count=1 -timeout 15m github.com/idemhq/idem/...
+
+fuzztime=${FUZZTIME:-10s}
+if [[ "$fuzztime" != 0 ]]; then
+	for target in FuzzParseKey FuzzCanonicalJSON FuzzResponseDecoding; do
+		step "fuzz $target ($fuzztime)"
+		go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" github.com/idemhq/idem
+	done
+fi
+
+step "end-to-end: scripts/verify.sh"
+./scripts/verify.sh
+
+if [[ -f bench/smoke_test.go ]]; then
+	step "benchmark harness smoke run"
+	go test -count=1 -run '^TestSmoke$' github.com/idemhq/idem/bench/...
+fi
+
+step "all tests passed"
