@@ -1,0 +1,177 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a goroutine-safe bytes.Buffer for a command's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startServe runs `idem serve` in this process on a fresh SQLite file and a
+// free port, and returns its base URL. The server stops when the test ends.
+func startServe(t *testing.T, extra ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	args := append([]string{"--addr", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "idem.db"), "--log-format", "json"}, extra...)
+	go func() {
+		done <- Main(ctx, append([]string{"serve"}, args...), io.Discard, pw)
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != exitOK {
+				t.Errorf("idem serve exited with %d", code)
+			}
+		case <-time.After(40 * time.Second):
+			t.Error("idem serve did not shut down")
+		}
+	})
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var line struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "idem serve listening" {
+				addr <- line.Addr
+			}
+		}
+		close(addr)
+	}()
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			t.Fatal("idem serve exited before listening")
+		}
+		return "http://" + a
+	case <-time.After(30 * time.Second):
+		t.Fatal("idem serve did not start")
+	}
+	return ""
+}
+
+// TestCheckPassesAgainstServe grades the payments demo with idem check:
+// every check must pass.
+func TestCheckPassesAgainstServe(t *testing.T) {
+	t.Parallel()
+	url := startServe(t)
+	var out, errs syncBuffer
+	code := Main(context.Background(), []string{"check",
+		"--body", `{"amountCents":100,"currency":"USD","reference":"check"}`,
+		"--header", "Authorization: Bearer tenant-a",
+		"--second-tenant-header", "Authorization: Bearer tenant-b",
+		"--json", url + "/api/payments"}, &out, &errs)
+	if code != exitOK {
+		t.Fatalf("idem check exited %d\n%s\n%s", code, out.String(), errs.String())
+	}
+	var report struct {
+		Checks []struct{ Name, Status, Reason string }
+	}
+	if err := json.Unmarshal([]byte(out.String()), &report); err != nil {
+		t.Fatalf("report: %v\n%s", err, out.String())
+	}
+	if len(report.Checks) < 11 {
+		t.Fatalf("only %d checks ran", len(report.Checks))
+	}
+	for _, c := range report.Checks {
+		if c.Status != "PASS" {
+			t.Errorf("%s: %s (%s)", c.Name, c.Status, c.Reason)
+		}
+	}
+}
+
+func TestServeRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--log-format", "xml"},
+		{"--lease", "1ms"},
+		{"--lease", "1h", "--ttl", "1m"},
+		{"--op-delay", "-1s"},
+		{"--db", "redis://127.0.0.1:6379"},
+		{"--nonsense"},
+		{"extra-argument"},
+	} {
+		var errs syncBuffer
+		if code := Main(context.Background(), append([]string{"serve"}, args...), io.Discard, &errs); code != exitUsage {
+			t.Errorf("serve %v: exit %d, want %d (%s)", args, code, exitUsage, errs.String())
+		}
+	}
+}
+
+func TestHelpListsEnvironmentVariables(t *testing.T) {
+	t.Parallel()
+	var errs syncBuffer
+	if code := Main(context.Background(), []string{"serve", "--help"}, io.Discard, &errs); code != exitOK {
+		t.Fatalf("serve --help: exit %d", code)
+	}
+	for _, want := range []string{"--addr", "IDEM_ADDR", "--op-delay", "IDEM_OP_DELAY", "--db", "--store", "--lease", "--ttl", "--log-format"} {
+		if !strings.Contains(errs.String(), want) {
+			t.Errorf("serve --help does not mention %s:\n%s", want, errs.String())
+		}
+	}
+	var out syncBuffer
+	if code := Main(context.Background(), nil, &out, io.Discard); code != exitUsage || !strings.Contains(out.String(), "serve") {
+		t.Errorf("no command: exit %d\n%s", code, out.String())
+	}
+	if code := Main(context.Background(), []string{"bogus"}, io.Discard, io.Discard); code != exitUsage {
+		t.Errorf("unknown command: exit %d", code)
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	t.Parallel()
+	for flag, want := range map[string]string{"addr": "IDEM_ADDR", "op-delay": "IDEM_OP_DELAY", "second-tenant-header": "IDEM_SECOND_TENANT_HEADER"} {
+		if got := envName(flag); got != want {
+			t.Errorf("envName(%q) = %q, want %q", flag, got, want)
+		}
+	}
+}
+
+// TestFlagsFromEnvironment checks that IDEM_* variables set flags and that
+// the command line wins. (Not parallel: it sets environment variables.)
+func TestFlagsFromEnvironment(t *testing.T) {
+	t.Setenv("IDEM_LOG_FORMAT", "xml")
+	t.Setenv("IDEM_DB", "redis://127.0.0.1:1")
+	var errs syncBuffer
+	Main(context.Background(), []string{"serve"}, io.Discard, &errs)
+	if !strings.Contains(errs.String(), "--log-format must be text or json") {
+		t.Errorf("IDEM_LOG_FORMAT not applied: %s", errs.String())
+	}
+	errs = syncBuffer{}
+	Main(context.Background(), []string{"serve", "--log-format", "json"}, io.Discard, &errs)
+	if strings.Contains(errs.String(), "--log-format") || !strings.Contains(errs.String(), "--db must be") {
+		t.Errorf("command line did not win over IDEM_LOG_FORMAT, or IDEM_DB not applied: %s", errs.String())
+	}
+	t.Setenv("IDEM_LEASE", "soon")
+	errs = syncBuffer{}
+	if code := Main(context.Background(), []string{"serve"}, io.Discard, &errs); code != exitUsage || !strings.Contains(errs.String(), "IDEM_LEASE") {
+		t.Errorf("bad IDEM_LEASE: exit %d, %s", code, errs.String())
+	}
+}
