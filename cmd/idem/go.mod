@@ -2,7 +2,10 @@ module github.com/idemhq/idem/cmd/idem
 
 go 1.26.0
 
-require github.com/idemhq/idem v0.0.0
+require (
+	github.com/idemhq/idem v0.0.0
+	go.yaml.in/yaml/v3 v3.0.6
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -2,11 +2,218 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/cmd/idem/internal/metrics"
+	"github.com/idemhq/idem/cmd/idem/internal/proxy"
 )
 
+const proxyAbout = `Runs a reverse proxy that makes any HTTP API retry-safe: it sits in front of
+the --upstream service and applies the Idempotency-Key contract with records
+in --store. By default POST and PATCH need an Idempotency-Key (400 without);
+a retry replays the stored response byte for byte; a duplicate of a running
+request gets 409; a reused key with another payload gets 422. Other methods
+pass through untouched. Upstream 5xx answers, an unreachable upstream (502)
+and a timeout (504) release the key, so a retry runs again. Records are
+scoped by a SHA-256 of the Authorization header (--scope-header).
+
+--config FILE (YAML) sets per-route rules (key required/optional/off, TTL,
+lease, outcome policy, scope, limits, wait); --check-config FILE validates a
+file and exits. See docs/proxy.md.
+
+The proxy answers GET /healthz (the store is reachable; the upstream is not
+checked) and GET /metrics (Prometheus) itself, unless --admin-addr moves them
+to their own listener; every other request is forwarded.`
+
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "idem proxy: not built yet")
-	return exitError
+	f := newFlags("proxy", proxyAbout, stderr)
+	addr := f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)")
+	upstreamURL := f.String("upstream", "", "base URL of the service to protect, such as http://127.0.0.1:9000\n(required)")
+	storeSpec := f.String("store", "idem-proxy.db", "where records live: a SQLite file path, a postgres:// URL\n(?idem_schema=NAME picks the schema), a redis:// URL (?prefix=TEXT\nstarts every key), or memory (this process only)")
+	configPath := f.String("config", "", "YAML file with per-route settings (see docs/proxy.md); routes not\nin it use the flags")
+	checkPath := f.String("check-config", "", "check the YAML file and exit: 0 when valid, 1 with one\nFILE:LINE:COLUMN: message line per problem")
+	adminAddr := f.String("admin-addr", "", "serve /healthz and /metrics on this address instead of the\nproxy's; then every path on --addr is forwarded")
+	lease := f.Duration("lease", idem.DefaultLease, "how long a claim holds a key without renewal (renewed while the\nupstream works; after a proxy crash a retry runs again after it)")
+	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a record and its response are kept; retries within it replay")
+	wait := f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once")
+	upstreamTimeout := f.Duration("upstream-timeout", proxy.DefaultUpstreamTimeout, "how long the upstream may take to answer (the whole exchange for\nprotected requests, the response header for others); then 504 and\nthe key is released")
+	scopeHeader := f.String("scope-header", proxy.DefaultScopeHeader, "request header whose SHA-256 scopes records (one client's keys\nnever meet another's); empty: one scope for everyone")
+	maxRequest := proxy.SizeFlag(idem.DefaultMaxRequestBody)
+	f.Var(&maxRequest, "max-request-body", "largest body of a protected request (413 above it); units KiB, MiB,\nKB, MB...")
+	maxResponse := proxy.SizeFlag(idem.DefaultMaxResponseBody)
+	f.Var(&maxResponse, "max-response-body", "largest response stored for replay; a larger one reaches the client\nbut a retry gets 409 response_unavailable")
+	logFormat := f.String("log-format", "text", "log format: text or json")
+	cleanupEvery := f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)")
+	if code, ok := f.parse(args); !ok {
+		return code
+	}
+	if len(f.positional()) > 0 {
+		return f.usageError("unexpected argument %q", f.positional()[0])
+	}
+	if err := positiveDuration("cleanup-interval", *cleanupEvery, true); err != nil {
+		return f.usageError("%v", err)
+	}
+	base := proxy.DefaultSettings()
+	base.Lease, base.TTL, base.Wait, base.UpstreamTimeout = *lease, *ttl, *wait, *upstreamTimeout
+	base.ScopeHeader = *scopeHeader
+	base.MaxRequestBody, base.MaxResponseBody = int64(maxRequest), int64(maxResponse)
+	if err := base.Validate(); err != nil {
+		// Settings name fields as the configuration file does; the flags
+		// spell them with dashes.
+		return f.usageError("--%s", strings.ReplaceAll(err.Error(), "_", "-"))
+	}
+
+	if *checkPath != "" {
+		return checkProxyConfig(*checkPath, base, stdout, stderr)
+	}
+
+	logger, err := newLogger(*logFormat, stderr)
+	if err != nil {
+		return f.usageError("%v", err)
+	}
+	if *upstreamURL == "" {
+		return f.usageError("--upstream is required: the base URL of the service to protect")
+	}
+	upstream, err := url.Parse(*upstreamURL)
+	if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
+		return f.usageError("--upstream %q must be an http:// or https:// URL with a host", *upstreamURL)
+	}
+
+	var file *proxy.File
+	if *configPath != "" {
+		if file, err = proxy.LoadFile(*configPath, base); err != nil {
+			fmt.Fprintln(stderr, err)
+			logger.Error("invalid configuration file; not starting", "config", *configPath)
+			return exitError
+		}
+	}
+
+	store, err := backend.Open(ctx, *storeSpec)
+	if err != nil {
+		logger.Error("cannot open the store", "store", *storeSpec, "error", err)
+		return exitError
+	}
+	defer store.Close()
+
+	m := metrics.New()
+	cfg := &proxy.Config{Upstream: upstream, Store: store, Defaults: base, Metrics: m, Logger: logger}
+	if file != nil {
+		cfg.Routes = file.ProxyRoutes()
+	}
+	px, err := proxy.New(cfg)
+	if err != nil {
+		logger.Error("cannot start the proxy", "error", err)
+		return exitError
+	}
+
+	admin := http.NewServeMux()
+	admin.Handle("GET /healthz", health(store))
+	admin.Handle("GET /metrics", m.Handler())
+	var handler http.Handler = px
+	if *adminAddr == "" {
+		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && (r.URL.Path == "/healthz" || r.URL.Path == "/metrics") {
+				admin.ServeHTTP(w, r)
+				return
+			}
+			px.ServeHTTP(w, r)
+		})
+	}
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		logger.Error("cannot listen", "addr", *addr, "error", err)
+		return exitError
+	}
+	var adminLn net.Listener
+	adminWhere := "/healthz and /metrics on the proxy's address (not forwarded)"
+	if *adminAddr != "" {
+		if adminLn, err = net.Listen("tcp", *adminAddr); err != nil {
+			ln.Close()
+			logger.Error("cannot listen", "admin_addr", *adminAddr, "error", err)
+			return exitError
+		}
+		adminWhere = "/healthz and /metrics on " + adminLn.Addr().String()
+	}
+	routes := 0
+	if file != nil {
+		routes = len(file.Routes)
+	}
+	attrs := []any{"addr", ln.Addr().String(), "url", "http://" + ln.Addr().String(),
+		"upstream", upstream.Redacted(), "store", store.Where, "admin", adminWhere,
+		"config", *configPath, "routes", routes,
+		"lease", *lease, "ttl", *ttl, "wait", *wait, "upstream_timeout", *upstreamTimeout, "scope_header", *scopeHeader}
+	if adminLn != nil {
+		attrs = append(attrs, "admin_addr", adminLn.Addr().String())
+	}
+	logger.Info("idem proxy listening", attrs...)
+
+	cctx, stopCleanup := context.WithCancel(ctx)
+	defer stopCleanup()
+	go cleanupLoop(cctx, store, *cleanupEvery, logger)
+
+	// Both servers stop together: on a signal, or when either fails.
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	adminErr := make(chan error, 1)
+	if adminLn != nil {
+		go func() {
+			err := serveHTTP(sctx, adminLn, accessLog(logger, admin), logger, 0)
+			stop()
+			adminErr <- err
+		}()
+	} else {
+		adminErr <- nil
+	}
+	err = serveHTTP(sctx, ln, accessLog(logger, handler), logger, px.MaxHandlerTime())
+	stop()
+	err = errors.Join(err, <-adminErr)
+	if err != nil {
+		logger.Error("server stopped", "error", err)
+		return exitError
+	}
+	if ctx.Err() == nil {
+		return exitError // a server stopped without a signal
+	}
+	logger.Info("stopped")
+	return exitOK
+}
+
+// checkProxyConfig implements --check-config: the file's problems on
+// stderr (exit 1), or its resolved routes on stdout (exit 0).
+func checkProxyConfig(path string, base proxy.Settings, stdout, stderr io.Writer) int {
+	file, err := proxy.LoadFile(path, base)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		var ce *proxy.ConfigErrors
+		if errors.As(err, &ce) {
+			fmt.Fprintf(stderr, "%s: %d problem(s); the proxy would not start with this file\n", path, len(ce.Errors))
+		}
+		return exitError
+	}
+	fmt.Fprintf(stdout, "%s: ok, %d route(s); requests matching no route use the flags' settings\n", path, len(file.Routes))
+	for _, r := range file.Routes {
+		s := r.Settings
+		key := proxy.KeyName(s.Key)
+		if s.Key == idem.KeyByMethod {
+			key += " " + strings.Join(s.Methods, ",")
+		}
+		scope := s.ScopeHeader
+		if scope == "" {
+			scope = "none"
+		}
+		fmt.Fprintf(stdout, "  line %d: %s\n    key %s; lease %v; ttl %v; wait %v; upstream timeout %v; scope %s;\n    max request %s; max stored response %s; outcome %s\n",
+			r.Line, r.Pattern, key, s.Lease, s.TTL, s.Wait, s.UpstreamTimeout, scope,
+			proxy.FormatSize(s.MaxRequestBody), proxy.FormatSize(s.MaxResponseBody), s.Outcome)
+	}
+	return exitOK
 }

@@ -1,0 +1,497 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/memstore"
+	"github.com/idemhq/idem/sqlitestore"
+)
+
+// newTestProxy serves a Proxy to up on a real loopback server, with
+// records in a fresh memstore unless cfg names a store.
+func newTestProxy(t *testing.T, up *upstream, cfg Config) *httptest.Server {
+	t.Helper()
+	if cfg.Store == nil {
+		s, err := memstore.New(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Store = s
+	}
+	if cfg.Upstream == nil {
+		u, err := url.Parse(up.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Upstream = u
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p, err := New(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestPassThroughIsUntouched(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Connection", "X-Hop")
+		w.Header().Set("X-Hop", "must not reach the client")
+		writeJSON(w, http.StatusOK, map[string]string{"path": r.URL.Path})
+	})
+	px := newTestProxy(t, up, Config{})
+	for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
+		r := send(t, method, px.URL+"/things/1?x=1", `{"a":1}`,
+			"Connection", "X-Client-Hop", "X-Client-Hop", "secret", "X-Forwarded-For", "6.6.6.6")
+		if r.status != http.StatusOK {
+			t.Fatalf("%s: %v", method, r)
+		}
+		for _, h := range []string{idem.HeaderKey, idem.HeaderReplayed, idem.HeaderExpiresAt} {
+			if v := r.header.Get(h); v != "" {
+				t.Errorf("%s: pass-through response has %s: %q", method, h, v)
+			}
+		}
+		if r.header.Get("X-Hop") != "" {
+			t.Errorf("%s: hop-by-hop response field reached the client", method)
+		}
+		got, body := up.last(t)
+		if got.Method != method || got.URL.RequestURI() != "/things/1?x=1" || body != `{"a":1}` {
+			t.Errorf("%s: upstream got %s %s %q", method, got.Method, got.URL.RequestURI(), body)
+		}
+		if got.Header.Get("X-Client-Hop") != "" {
+			t.Errorf("%s: a field the client named in Connection was forwarded", method)
+		}
+		// The client's own X-Forwarded-For is replaced: it could be forged.
+		if xff := got.Header.Get("X-Forwarded-For"); xff != "127.0.0.1" {
+			t.Errorf("%s: X-Forwarded-For = %q", method, xff)
+		}
+		pu, _ := url.Parse(px.URL)
+		if got.Header.Get("X-Forwarded-Host") != pu.Host || got.Header.Get("X-Forwarded-Proto") != "http" {
+			t.Errorf("%s: X-Forwarded-Host/Proto = %q %q", method, got.Header.Get("X-Forwarded-Host"), got.Header.Get("X-Forwarded-Proto"))
+		}
+	}
+}
+
+func TestKeyMissingIs400AndNotForwarded(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, nil)
+	px := newTestProxy(t, up, Config{})
+	for _, method := range []string{http.MethodPost, http.MethodPatch} {
+		r := send(t, method, px.URL+"/payments", `{"amount":1}`)
+		if r.status != http.StatusBadRequest || r.problemCode() != idem.CodeKeyMissing {
+			t.Fatalf("%s without a key: %v", method, r)
+		}
+	}
+	if n := up.total(); n != 0 {
+		t.Fatalf("the upstream ran %d requests without a key", n)
+	}
+}
+
+func TestReplayIsByteForByte(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Location", "/payments/7")
+		w.Header().Add("X-Multi", "a")
+		w.Header().Add("X-Multi", "b")
+		writeJSON(w, http.StatusCreated, map[string]any{"id": 7, "n": n, "key": r.Header.Get(idem.HeaderKey)})
+	})
+	px := newTestProxy(t, up, Config{})
+	key := newKey(t)
+	// A key sent as a Structured Field string is forwarded as it came.
+	sent := `"` + key + `"`
+	first := send(t, http.MethodPost, px.URL+"/payments", `{"amount":100}`, idem.HeaderKey, sent)
+	if first.status != http.StatusCreated || first.header.Get(idem.HeaderReplayed) != "false" {
+		t.Fatalf("first: %v", first)
+	}
+	got, _ := up.last(t)
+	if v := got.Header.Values(idem.HeaderKey); len(v) != 1 || v[0] != sent {
+		t.Fatalf("upstream got Idempotency-Key %q, want %q unchanged", v, sent)
+	}
+	for range 2 {
+		again := send(t, http.MethodPost, px.URL+"/payments", `{"amount":100}`, idem.HeaderKey, sent)
+		if again.status != first.status || again.body != first.body {
+			t.Fatalf("replay differs:\nfirst %v\nagain %v", first, again)
+		}
+		if again.header.Get(idem.HeaderReplayed) != "true" {
+			t.Fatalf("replay not marked: %v", again)
+		}
+		for _, h := range []string{"Content-Type", "Content-Length", "Location", "X-Upstream", idem.HeaderExpiresAt} {
+			if again.header.Get(h) != first.header.Get(h) {
+				t.Errorf("%s: replay %q, first %q", h, again.header.Get(h), first.header.Get(h))
+			}
+		}
+		if m := again.header.Values("X-Multi"); len(m) != 2 || m[0] != "a" || m[1] != "b" {
+			t.Errorf("X-Multi replayed as %q", m)
+		}
+	}
+	if n := up.count(sent); n != 1 {
+		t.Fatalf("upstream ran %d times", n)
+	}
+}
+
+func TestKeyReusedWithAnotherPayloadIs422(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, nil)
+	px := newTestProxy(t, up, Config{})
+	key := newKey(t)
+	if r := send(t, http.MethodPost, px.URL+"/payments", `{"amount":1}`, idem.HeaderKey, key); r.status != http.StatusCreated {
+		t.Fatal(r)
+	}
+	r := send(t, http.MethodPost, px.URL+"/payments", `{"amount":2}`, idem.HeaderKey, key)
+	if r.status != http.StatusUnprocessableEntity || r.problemCode() != idem.CodeKeyReused {
+		t.Fatalf("reused key: %v", r)
+	}
+	if n := up.count(key); n != 1 {
+		t.Fatalf("upstream ran %d times", n)
+	}
+}
+
+// TestScopeIsAHashOfTheCredential checks that the same key from two
+// credentials names two records, and that the credential never reaches
+// the store (records in a real SQLite file, searched byte by byte).
+func TestScopeIsAHashOfTheCredential(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store, err := sqlitestore.Open(context.Background(), filepath.Join(dir, "records.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	up := newUpstream(t, nil)
+	px := newTestProxy(t, up, Config{Store: store})
+	key := newKey(t)
+	alice, bob := "Bearer alice-secret-token-1", "Bearer bob-secret-token-2"
+	a1 := send(t, http.MethodPost, px.URL+"/payments", `{}`, idem.HeaderKey, key, "Authorization", alice)
+	b1 := send(t, http.MethodPost, px.URL+"/payments", `{}`, idem.HeaderKey, key, "Authorization", bob)
+	a2 := send(t, http.MethodPost, px.URL+"/payments", `{}`, idem.HeaderKey, key, "Authorization", alice)
+	if a1.status != 201 || b1.status != 201 || b1.header.Get(idem.HeaderReplayed) != "false" {
+		t.Fatalf("two clients, one key: %v / %v", a1, b1)
+	}
+	if a2.header.Get(idem.HeaderReplayed) != "true" || a2.body != a1.body {
+		t.Fatalf("same client's retry: %v", a2)
+	}
+	if n := up.count(key); n != 2 {
+		t.Fatalf("upstream ran %d times, want once per client", n)
+	}
+	for _, name := range []string{"records.db", "records.db-wal"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		for _, secret := range []string{"alice-secret", "bob-secret"} {
+			if bytes.Contains(b, []byte(secret)) {
+				t.Fatalf("%s contains the credential %q", name, secret)
+			}
+		}
+	}
+}
+
+func TestNoScopeSharesKeys(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, nil)
+	s := DefaultSettings()
+	s.ScopeHeader = ""
+	px := newTestProxy(t, up, Config{Defaults: s})
+	key := newKey(t)
+	send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key, "Authorization", "Bearer a")
+	r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key, "Authorization", "Bearer b")
+	if r.header.Get(idem.HeaderReplayed) != "true" || up.count(key) != 1 {
+		t.Fatalf("without a scope the second client should replay: %v (upstream ran %d)", r, up.count(key))
+	}
+}
+
+func TestUpstream5xxIsReleased(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if n == 1 {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "busy"})
+			return
+		}
+		writeJSON(w, http.StatusCreated, map[string]int{"n": n})
+	})
+	px := newTestProxy(t, up, Config{})
+	key := newKey(t)
+	if r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key); r.status != 503 || r.header.Get(idem.HeaderExpiresAt) != "" {
+		t.Fatalf("first: %v", r)
+	}
+	if r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key); r.status != 201 || r.header.Get(idem.HeaderReplayed) != "false" {
+		t.Fatalf("retry after 5xx: %v", r)
+	}
+	if r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key); r.status != 201 || r.header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("retry after success: %v", r)
+	}
+	if n := up.count(key); n != 2 {
+		t.Fatalf("upstream ran %d times, want 2", n)
+	}
+}
+
+func TestUnreachableUpstreamIs502AndReleases(t *testing.T) {
+	t.Parallel()
+	addr := closedAddr(t)
+	u, _ := url.Parse("http://" + addr)
+	px := newTestProxy(t, nil, Config{Upstream: u})
+	key := newKey(t)
+	r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
+	if r.status != http.StatusBadGateway || r.problemCode() != CodeUpstreamUnreachable ||
+		r.header.Get("Content-Type") != "application/problem+json" || r.header.Get(idem.HeaderReplayed) != "false" {
+		t.Fatalf("unreachable upstream: %v", r)
+	}
+	// Pass-through requests get the same answer.
+	if g := send(t, http.MethodGet, px.URL+"/p", ""); g.status != http.StatusBadGateway || g.problemCode() != CodeUpstreamUnreachable {
+		t.Fatalf("GET: %v", g)
+	}
+	ln := listenOn(t, addr)
+	up := newUpstreamOn(t, ln, nil)
+	if r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key); r.status != http.StatusCreated || r.header.Get(idem.HeaderReplayed) != "false" {
+		t.Fatalf("retry once the upstream is up: %v", r)
+	}
+	if up.count(key) != 1 {
+		t.Fatal("upstream count")
+	}
+}
+
+func TestUpstreamTimeoutIs504AndReleases(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if n == 1 {
+			<-r.Context().Done() // never answers; the proxy gives up
+			return
+		}
+		writeJSON(w, http.StatusCreated, map[string]int{"n": n})
+	})
+	s := DefaultSettings()
+	s.UpstreamTimeout = 200 * time.Millisecond
+	px := newTestProxy(t, up, Config{Defaults: s})
+	key := newKey(t)
+	r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
+	if r.status != http.StatusGatewayTimeout || r.problemCode() != CodeUpstreamTimeout {
+		t.Fatalf("timeout: %v", r)
+	}
+	if r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key); r.status != http.StatusCreated {
+		t.Fatalf("retry after the timeout: %v", r)
+	}
+}
+
+func TestRequestTooLargeIs413(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, nil)
+	s := DefaultSettings()
+	s.MaxRequestBody = 16
+	px := newTestProxy(t, up, Config{Defaults: s})
+	r := send(t, http.MethodPost, px.URL+"/p", strings.Repeat("x", 17), idem.HeaderKey, newKey(t))
+	if r.status != http.StatusRequestEntityTooLarge || r.problemCode() != idem.CodeRequestTooLarge {
+		t.Fatalf("%v", r)
+	}
+	// Pass-through bodies are not bounded by the proxy.
+	if g := send(t, http.MethodPut, px.URL+"/p", strings.Repeat("x", 100)); g.status != http.StatusCreated {
+		t.Fatalf("PUT: %v", g)
+	}
+	if n := up.total(); n != 1 {
+		t.Fatalf("upstream got %d requests", n)
+	}
+}
+
+// TestChunkedResponseIsStored: an upstream answer without Content-Length
+// makes ReverseProxy flush after every write; the proxy must still store
+// it for replay instead of letting the flush send it unstored.
+func TestChunkedResponseIsStored(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusOK)
+		for range 3 {
+			io.WriteString(w, "part ")
+			w.(http.Flusher).Flush()
+		}
+	})
+	px := newTestProxy(t, up, Config{})
+	key := newKey(t)
+	first := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
+	again := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
+	if first.body != "part part part " || again.body != first.body || again.header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("first %v\nagain %v", first, again)
+	}
+}
+
+// TestEventStreamPassesThroughStreaming checks that a pass-through
+// server-sent-events response reaches the client while the upstream is
+// still writing it.
+func TestEventStreamPassesThroughStreaming(t *testing.T) {
+	t.Parallel()
+	more := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-more:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: two\n\n")
+	})
+	px := newTestProxy(t, up, Config{})
+	resp, err := testClient.Get(px.URL + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "data: one\n" {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	close(more) // only now may the upstream finish
+	rest, _ := io.ReadAll(br)
+	if string(rest) != "\ndata: two\n\n" {
+		t.Fatalf("rest: %q", rest)
+	}
+}
+
+func TestLargeResponseIsUnreplayableNotRerun(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("y", 4096)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		io.WriteString(w, big)
+	})
+	s := DefaultSettings()
+	s.MaxResponseBody = 1024
+	px := newTestProxy(t, up, Config{Defaults: s})
+	key := newKey(t)
+	if r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key); r.status != 200 || r.body != big {
+		t.Fatalf("first: %d, %d bytes", r.status, len(r.body))
+	}
+	r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
+	if r.status != http.StatusConflict || r.problemCode() != idem.CodeResponseUnavailable || up.count(key) != 1 {
+		t.Fatalf("retry: %v (upstream ran %d)", r, up.count(key))
+	}
+}
+
+func TestRoutesFromConfigFile(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if r.URL.Path == "/conflict" {
+			writeJSON(w, http.StatusConflict, map[string]int{"n": n})
+			return
+		}
+		writeJSON(w, http.StatusCreated, map[string]int{"n": n})
+	})
+	file, err := ParseFile("routes.yaml", []byte(`
+routes:
+  "POST /webhooks/":
+    key: "off"
+  "/orders/{id}/refund":
+    key: optional
+  "PUT /things/{id}":
+    key: required
+  "POST /conflict":
+    release_statuses: [409]
+`), DefaultSettings())
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := newTestProxy(t, up, Config{Routes: file.ProxyRoutes()})
+
+	// key: off passes a POST without a key, and does not protect one with.
+	if r := send(t, http.MethodPost, px.URL+"/webhooks/in", `{}`); r.status != 201 || r.header.Get(idem.HeaderReplayed) != "" {
+		t.Fatalf("off: %v", r)
+	}
+	// key: optional protects only requests that carry one.
+	if r := send(t, http.MethodPost, px.URL+"/orders/1/refund", `{}`); r.status != 201 || r.header.Get(idem.HeaderReplayed) != "" {
+		t.Fatalf("optional without a key: %v", r)
+	}
+	key := newKey(t)
+	send(t, http.MethodPost, px.URL+"/orders/1/refund", `{}`, idem.HeaderKey, key)
+	if r := send(t, http.MethodPost, px.URL+"/orders/1/refund", `{}`, idem.HeaderKey, key); r.header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("optional with a key: %v", r)
+	}
+	// The route is the operation: the same key on another order is
+	// another request, answered 422.
+	if r := send(t, http.MethodPost, px.URL+"/orders/2/refund", `{}`, idem.HeaderKey, key); r.status != 422 {
+		t.Fatalf("same key, other order: %v", r)
+	}
+	// A path in non-canonical form matches its route (here: required) and
+	// is forwarded as sent, not redirected.
+	if r := send(t, http.MethodPut, px.URL+"/things/x/../1", `{}`); r.status != 400 || r.problemCode() != idem.CodeKeyMissing {
+		t.Fatalf("PUT without a key on a required route: %v", r)
+	}
+	// Routes not in the file use the defaults: GET passes, POST needs a key.
+	if r := send(t, http.MethodGet, px.URL+"/things/1", ""); r.status != 201 || r.header.Get(idem.HeaderReplayed) != "" {
+		t.Fatalf("GET: %v", r)
+	}
+	if r := send(t, http.MethodPost, px.URL+"/elsewhere", `{}`); r.status != 400 {
+		t.Fatalf("POST elsewhere without a key: %v", r)
+	}
+	// The outcome policy releases 409 on its route.
+	key2 := newKey(t)
+	send(t, http.MethodPost, px.URL+"/conflict", `{}`, idem.HeaderKey, key2)
+	if r := send(t, http.MethodPost, px.URL+"/conflict", `{}`, idem.HeaderKey, key2); r.header.Get(idem.HeaderReplayed) != "false" || up.count(key2) != 2 {
+		t.Fatalf("released 409 should run again: %v (ran %d)", r, up.count(key2))
+	}
+}
+
+func TestRouteMatching(t *testing.T) {
+	t.Parallel()
+	s, _ := memstore.New(nil)
+	u, _ := url.Parse("http://127.0.0.1:1")
+	p, err := New(&Config{Upstream: u, Store: s, Logger: slog.New(slog.DiscardHandler), Routes: []Route{
+		{Pattern: "POST /payments", Settings: DefaultSettings()},
+		{Pattern: "/orders/", Settings: DefaultSettings()},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ method, path, want string }{
+		{"POST", "/payments", "POST /payments"},
+		{"POST", "/x/../payments", "POST /payments"},
+		{"GET", "/payments", ""},
+		{"POST", "/orders", "/orders/"}, // the mux would redirect to /orders/
+		{"POST", "/orders/1", "/orders/"},
+		{"POST", "/other", ""},
+	} {
+		r := httptest.NewRequest(c.method, "http://proxy"+c.path, nil)
+		r.URL.Path = c.path // keep dot segments
+		if got := p.Route(r); got != c.want {
+			t.Errorf("%s %s: route %q, want %q", c.method, c.path, got, c.want)
+		}
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	s, _ := memstore.New(nil)
+	u, _ := url.Parse("http://127.0.0.1:1")
+	bad := DefaultSettings()
+	bad.Lease = time.Millisecond
+	for name, cfg := range map[string]*Config{
+		"nil":          nil,
+		"no store":     {Upstream: u},
+		"ftp upstream": {Upstream: &url.URL{Scheme: "ftp", Host: "h"}, Store: s},
+		"short lease":  {Upstream: u, Store: s, Defaults: bad},
+		"bad pattern":  {Upstream: u, Store: s, Routes: []Route{{Pattern: "POST payments", Settings: DefaultSettings()}}},
+		"conflict": {Upstream: u, Store: s, Routes: []Route{
+			{Pattern: "/a/{x}", Settings: DefaultSettings()}, {Pattern: "/a/{y}", Settings: DefaultSettings()}}},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("%s: New accepted it", name)
+		}
+	}
+}
