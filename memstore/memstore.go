@@ -163,69 +163,49 @@ func (r *record) view() idem.Record {
 	return v
 }
 
-// owned returns the in-flight record at k owned by token.
-func (sh *shard) owned(k recordKey, token string, now time.Time) (*record, error) {
+// withOwned runs change on the in-flight record at (scope, key) if token
+// owns it, under the shard's lock; otherwise it returns idem.ErrLeaseLost.
+// This is the fencing rule every transition after a claim follows.
+func (s *Store) withOwned(ctx context.Context, scope, key, token string, now time.Time, change func(*shard, recordKey, *record)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	k := recordKey{scope, key}
+	sh := s.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	r, ok := sh.records[k]
 	if !ok || r.completed || r.token != token || now.UnixNano() >= r.expiresAt {
-		return nil, idem.ErrLeaseLost
+		return idem.ErrLeaseLost
 	}
-	return r, nil
+	change(sh, k, r)
+	return nil
 }
 
 // Renew implements idem.Store.
 func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	k := recordKey{p.Scope, p.Key}
-	sh := s.shard(k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	r, err := sh.owned(k, p.Token, p.Now)
-	if err != nil {
-		return err
-	}
-	r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
-	return nil
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
+		r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
+	})
 }
 
 // Complete implements idem.Store. As the contract allows, the store keeps
 // the response it is given, without copying it.
 func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	if p.Response == nil {
 		return errors.New("memstore: complete needs a response")
 	}
-	k := recordKey{p.Scope, p.Key}
-	sh := s.shard(k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	r, err := sh.owned(k, p.Token, p.Now)
-	if err != nil {
-		return err
-	}
-	r.completed, r.resp, r.token = true, p.Response, ""
-	r.notify()
-	return nil
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
+		r.completed, r.resp, r.token = true, p.Response, ""
+		r.notify()
+	})
 }
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	k := recordKey{p.Scope, p.Key}
-	sh := s.shard(k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	r, err := sh.owned(k, p.Token, p.Now)
-	if err != nil {
-		return err
-	}
-	sh.remove(s, k, r)
-	return nil
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(sh *shard, k recordKey, r *record) {
+		sh.remove(s, k, r)
+	})
 }
 
 // DeleteExpired implements idem.Store.
