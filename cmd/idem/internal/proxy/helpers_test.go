@@ -190,7 +190,7 @@ func trySend(method, target, body string, headers ...string) (reply, error) {
 
 // requireServer skips a test whose server is unreachable, unless CI is
 // set: then it fails.
-func requireServer(t *testing.T, what string, err error) {
+func requireServer(t testing.TB, what string, err error) {
 	t.Helper()
 	if err == nil {
 		return
@@ -210,7 +210,7 @@ func envOr(name, def string) string {
 
 // postgresSpec returns a store spec on a fresh PostgreSQL schema, dropped
 // when the test ends.
-func postgresSpec(t *testing.T) string {
+func postgresSpec(t testing.TB) string {
 	t.Helper()
 	dsn := envOr("IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -240,7 +240,7 @@ func postgresSpec(t *testing.T) string {
 
 // redisSpec returns a store spec with a fresh key prefix, whose keys are
 // deleted (by SCAN, never FLUSHDB) when the test ends.
-func redisSpec(t *testing.T) string {
+func redisSpec(t testing.TB) string {
 	t.Helper()
 	raw := envOr("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 	opts, err := redis.ParseURL(raw)
@@ -270,7 +270,7 @@ func redisSpec(t *testing.T) string {
 	return withQuery(t, raw, "prefix", prefix)
 }
 
-func withQuery(t *testing.T, raw, name, value string) string {
+func withQuery(t testing.TB, raw, name, value string) string {
 	t.Helper()
 	u, err := url.Parse(raw)
 	if err != nil {

@@ -314,9 +314,27 @@ func (x *exchange) Value(key any) any {
 }
 
 func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, protected := idem.InfoFromContext(r.Context())
-	ctx, cancel := context.WithCancelCause(r.Context())
+	parent := r.Context()
+	_, protected := idem.InfoFromContext(parent)
+	if protected {
+		// A protected exchange outlives its client: once the request is
+		// claimed and forwarded, the upstream may act on it, so its
+		// answer is awaited and stored even if the client has gone, and
+		// the client's retry replays it instead of running it again. It
+		// still ends on the timeout, and when the lease is lost (the
+		// core cancels the request's context with ErrLeaseLost).
+		parent = context.WithoutCancel(parent)
+	}
+	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
+	if protected {
+		stop := context.AfterFunc(r.Context(), func() {
+			if cause := context.Cause(r.Context()); errors.Is(cause, idem.ErrLeaseLost) {
+				cancel(cause)
+			}
+		})
+		defer stop()
+	}
 	x := &exchange{Context: ctx, w: w, protected: protected}
 	x.timer = time.AfterFunc(f.timeout, func() { cancel(errUpstreamTimeout) })
 	defer x.timer.Stop()

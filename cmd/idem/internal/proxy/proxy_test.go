@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -493,5 +494,120 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("%s: New accepted it", name)
 		}
+	}
+}
+
+// TestLeaseRenewedWhileUpstreamWorks: an upstream slower than several
+// leases keeps its claim (the core renews it), so duplicates keep getting
+// 409 and the request runs once.
+func TestLeaseRenewedWhileUpstreamWorks(t *testing.T) {
+	t.Parallel()
+	g := newGate(t)
+	up := newUpstream(t, g.held)
+	s := DefaultSettings()
+	s.Lease = 150 * time.Millisecond
+	px := newTestProxy(t, up, Config{Defaults: s})
+	key := newKey(t)
+	res := make(chan reply, 1)
+	go func() {
+		r, err := trySend(http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
+		if err != nil {
+			r = reply{status: -1, body: err.Error()}
+		}
+		res <- r
+	}()
+	up.waitHit(t)
+	// Four leases must pass while the upstream works.
+	for end := time.Now().Add(4 * s.Lease); time.Now().Before(end); {
+		if r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key); r.status != http.StatusConflict {
+			t.Fatalf("duplicate while the upstream works: %v", r)
+		}
+		time.Sleep(s.Lease / 3) // time has to pass
+	}
+	g.open()
+	if r := <-res; r.status != http.StatusCreated {
+		t.Fatalf("first: %v", r)
+	}
+	if c := up.count(key); c != 1 {
+		t.Fatalf("upstream ran %d times", c)
+	}
+}
+
+// TestClientGoneStillStores: a client that gives up while the upstream
+// works must not make its retry run the request again: the proxy awaits
+// the upstream's answer, stores it, and the retry replays it.
+func TestClientGoneStillStores(t *testing.T) {
+	t.Parallel()
+	g := newGate(t)
+	up := newUpstream(t, g.held)
+	px := newTestProxy(t, up, Config{})
+	key := newKey(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, px.URL+"/p", strings.NewReader(`{}`))
+	req.Header.Set(idem.HeaderKey, key)
+	req.Header.Set("Content-Type", "application/json")
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := testClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	up.waitHit(t)
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the cancelled client got an answer")
+	}
+	g.open()
+	var r reply
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		r = send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
+		if r.status != http.StatusConflict || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the upstream's answer has to be stored
+	}
+	if r.status != http.StatusCreated || r.header.Get(idem.HeaderReplayed) != "true" || up.count(key) != 1 {
+		t.Fatalf("retry after the client gave up: %v (upstream ran %d)", r, up.count(key))
+	}
+}
+
+// TestUpgradePassesThrough: a protocol upgrade (as WebSocket uses) is
+// tunnelled to the upstream.
+func TestUpgradePassesThrough(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if r.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "upgrade expected", http.StatusBadRequest)
+			return
+		}
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		line, _ := brw.ReadString('\n')
+		brw.WriteString("echo: " + line)
+		brw.Flush()
+	})
+	px := newTestProxy(t, up, Config{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(px.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "GET /chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	io.WriteString(conn, "hello\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "echo: hello\n" {
+		t.Fatalf("tunnel: %q %v", line, err)
 	}
 }

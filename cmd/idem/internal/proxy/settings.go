@@ -322,7 +322,14 @@ func (p *OutcomePolicy) String() string {
 	for _, c := range codes {
 		put(strconv.Itoa(c), p.codes[c])
 	}
-	return fmt.Sprintf("store [%s] release [%s], otherwise default", strings.Join(store, " "), strings.Join(release, " "))
+	var parts []string
+	if len(store) > 0 {
+		parts = append(parts, "store "+strings.Join(store, " "))
+	}
+	if len(release) > 0 {
+		parts = append(parts, "release "+strings.Join(release, " "))
+	}
+	return strings.Join(append(parts, "otherwise default"), "; ")
 }
 
 // scopeFunc returns the idem.Config.ScopeFunc for a scope header: the
