@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary serve systems: the harness starts its
+// serve-system and bare-payments processes from its own executable, which
+// under go test is this binary.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && (os.Args[1] == "serve-system" || os.Args[1] == "bare-payments") {
+		os.Exit(dispatch(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestSmoke runs the whole harness for a fraction of a second per
+// measurement: every system of the matrix on every request path, and the
+// scale, memory and cleanup scenarios on small tables (with -short; without
+// it also idem serve and idem check, which build cmd/idem). PostgreSQL and
+// Redis systems are skipped only when their server is unreachable and CI
+// is unset; with CI set an unreachable server fails the test.
+func TestSmoke(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "BENCHMARKS.md")
+	doc := "# Benchmarks\n\nhand-written text\n\n" + markBegin + "\nold\n" + markEnd + "\n\nmore hand-written text\n"
+	if err := os.WriteFile(out, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	scenarios := "nokey,first,replay,conflict,mismatch,scale,memory,cleanup"
+	if !testing.Short() {
+		scenarios += ",serve,check"
+	}
+	results := filepath.Join(dir, "results.json")
+	args := []string{"-quick", "-duration", "150ms", "-concurrency", "4", "-scenarios", scenarios,
+		"-small-rows", "200", "-scale-rows", "2000", "-mem-keys", "2000", "-cleanup-rows", "2000",
+		"-scale-concurrency", "2", "-cleanup-concurrency", "2", "-out", out, "-results", results, "-repo", ".."}
+	o, err := parseOptions(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Exe = os.Args[0]
+	var log bytes.Buffer
+	o.Log = &log
+	if _, err := run(t.Context(), o); err != nil {
+		t.Fatalf("harness: %v\n%s", err, log.String())
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(got)
+	if !strings.HasPrefix(text, "# Benchmarks\n\nhand-written text\n\n"+markBegin+"\n") || !strings.HasSuffix(text, markEnd+"\n\nmore hand-written text\n") {
+		t.Errorf("the text outside the markers changed:\n%s", text)
+	}
+	if strings.Contains(text, "\nold\n") {
+		t.Error("the old section was not replaced")
+	}
+	want := []string{"**Machine.**", "### Targets", "`bare`", "`idem-mem`", "`idem-sqlite`", "`raw-sqlite`",
+		"`fiber-bare`", "`fiber-idem`", "### Scale", "### Memory after", "### Cleanup", "Replay on memstore"}
+	env, err := newEnv(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.cleanup(t.Context())
+	if env.pgOK {
+		want = append(want, "`idem-pg`", "`raw-pg`")
+	} else {
+		t.Logf("PostgreSQL unreachable, its systems were skipped: %s", env.pgErr)
+	}
+	if env.redOK {
+		want = append(want, "`idem-redis`", "`raw-redis`")
+	} else {
+		t.Logf("Redis unreachable, its systems were skipped: %s", env.redErr)
+	}
+	if !testing.Short() {
+		want = append(want, "`idem serve` vs bare", "FAIL  payload-mismatch", "PASS  payload-mismatch")
+	}
+	for _, w := range want {
+		if !strings.Contains(text, w) {
+			t.Errorf("the section lacks %q", w)
+		}
+	}
+	for _, p := range []string{filepath.Join(dir, "benchmarks.png"), results} {
+		if st, err := os.Stat(p); err != nil || st.Size() == 0 {
+			t.Errorf("%s was not written: %v", p, err)
+		}
+	}
+	// The saved results render the same tables again without measuring.
+	o2, err := parseOptions([]string{"-from", results, "-repo", ".."}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := run(t.Context(), o2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(again, "### Targets") || !strings.Contains(again, "`idem-mem`") {
+		t.Errorf("-from rendered:\n%s", again)
+	}
+}
+
+func TestSpliceSection(t *testing.T) {
+	t.Parallel()
+	doc := []byte("intro\n" + markBegin + "\nold\n" + markEnd + "\noutro\n")
+	got, err := spliceSection(doc, "new\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "intro\n" + markBegin + "\nnew\n" + markEnd + "\noutro\n"; string(got) != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	for _, bad := range []string{"no markers", markEnd + markBegin, markBegin + " only"} {
+		if _, err := spliceSection([]byte(bad), "x"); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+func TestPercentileAndMedian(t *testing.T) {
+	t.Parallel()
+	var ds []time.Duration
+	for i := 1; i <= 1000; i++ {
+		ds = append(ds, time.Duration(i))
+	}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{0.5, 500}, {0.99, 990}, {0.999, 999}, {1, 1000}, {0.0001, 1}} {
+		if got := percentile(ds, c.p); got != c.want {
+			t.Errorf("percentile(%v) = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if got := median([]float64{3, 1, 2}); got != 2 {
+		t.Errorf("median odd = %v", got)
+	}
+	if got := median([]float64{4, 1, 2, 3}); got != 2.5 {
+		t.Errorf("median even = %v", got)
+	}
+}
+
+// TestRawScriptsMatchStore keeps the raw loop's copies of redisstore's Lua
+// scripts identical to the store's.
+func TestRawScriptsMatchStore(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"claim.lua", "complete.lua"} {
+		ours, err := os.ReadFile(filepath.Join("lua", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		theirs, err := os.ReadFile(filepath.Join("..", "redisstore", "lua", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(ours, theirs) {
+			t.Errorf("lua/%s differs from redisstore/lua/%s: copy it again", name, name)
+		}
+	}
+}
+
+// TestLoadIsBounded checks that a measurement stops by itself at its
+// request bound and at its deadline, and counts unexpected answers.
+func TestLoadIsBounded(t *testing.T) {
+	t.Parallel()
+	var served atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := served.Add(1)
+		if r.Header.Get("Idempotency-Key") == `"bad"` && n%2 == 0 {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	c := newClient(4)
+	req := func(key string) reqFunc {
+		return func(w, i int) request { return request{method: "POST", url: srv.URL, body: bodyA, key: key} }
+	}
+	res := runLoad(t.Context(), c, loadSpec{Workers: 4, Duration: time.Minute, MaxRequests: 200, Warmup: 1, Req: req(`"k"`), Status: http.StatusCreated})
+	if res.Requests != 200 || res.Errors != 0 || len(res.Latencies) != 200 {
+		t.Errorf("request bound: %d requests, %d errors (%s)", res.Requests, res.Errors, res.FirstError)
+	}
+	if got := served.Load(); got != 204 {
+		t.Errorf("server saw %d requests, want 200 + 4 warm-up", got)
+	}
+	start := time.Now()
+	res = runLoad(t.Context(), c, loadSpec{Workers: 2, Duration: 100 * time.Millisecond, Req: req(`"k"`), Status: http.StatusCreated})
+	if took := time.Since(start); took > 5*time.Second || res.Requests == 0 {
+		t.Errorf("time bound: %v, %d requests", took, res.Requests)
+	}
+	res = runLoad(t.Context(), c, loadSpec{Workers: 1, Duration: time.Minute, MaxRequests: 10, Req: req(`"bad"`), Status: http.StatusCreated})
+	if res.Errors == 0 || !strings.Contains(res.FirstError, "status 500") {
+		t.Errorf("unexpected answers not counted: %d errors, %q", res.Errors, res.FirstError)
+	}
+	stop := make(chan struct{})
+	close(stop)
+	res = runLoad(t.Context(), c, loadSpec{Workers: 2, Duration: time.Minute, Stop: stop, Req: req(`"k"`), Status: http.StatusCreated})
+	if res.Requests != 2 {
+		t.Errorf("with a closed Stop channel, 2 workers measured %d requests, want one each", res.Requests)
+	}
+}

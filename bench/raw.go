@@ -1,0 +1,332 @@
+package main
+
+// The raw systems: HTTP handlers that make the same round trips to the
+// store as idem does on the first-execution and replay paths (the same
+// statements or scripts, with the same arguments), with none of idem's
+// logic around them: no key parsing, fingerprinting, lease renewal,
+// header filtering, events or problem documents. They are the physical
+// limit of each store behind an HTTP handler; idem's store paths are
+// measured as a fraction of them.
+//
+// The statement texts mirror sqlitestore's and pgstore's (unexported), and
+// lua/ holds copies of redisstore's scripts (TestRawScriptsMatchStore
+// keeps them identical).
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/sqlitestore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/claim.lua
+	rawClaimLua string
+	//go:embed lua/complete.lua
+	rawCompleteLua string
+)
+
+// rawScope and rawFingerprint are what the raw handlers store: one scope
+// (as idem's for the route) and a constant fingerprint of a real one's
+// length, since computing it is idem logic.
+var (
+	rawScope       = idem.Scope("", patternCreate)
+	rawFingerprint = "v1:" + string(bytes.Repeat([]byte("5"), 64))
+)
+
+const (
+	rawLease = 30 * time.Second
+	rawTTL   = 24 * time.Hour
+)
+
+// rawTokens makes owner tokens as idem does: a prefix and a counter.
+var rawTokenSeq atomic.Uint64
+
+func rawToken() string {
+	return "raw-" + strconv.FormatUint(rawTokenSeq.Add(1), 36)
+}
+
+// rawKey is the key of a request as sent (quotes stripped, nothing
+// checked), or "" without one.
+func rawKey(r *http.Request) string {
+	v := r.Header.Get(idem.HeaderKey)
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		v = v[1 : len(v)-1]
+	}
+	return v
+}
+
+// capture is a minimal buffering ResponseWriter.
+type capture struct {
+	h      http.Header
+	status int
+	body   []byte
+}
+
+func (c *capture) Header() http.Header { return c.h }
+func (c *capture) WriteHeader(s int) {
+	if c.status == 0 {
+		c.status = s
+	}
+}
+
+func (c *capture) Write(p []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	c.body = append(c.body, p...)
+	return len(p), nil
+}
+
+// runApp runs the application handler into a stored response.
+func runApp(r *http.Request) *idem.Response {
+	c := &capture{h: make(http.Header, 2)}
+	appHandler(c, r)
+	return &idem.Response{StatusCode: c.status, Header: c.h, Body: c.body}
+}
+
+// send writes a response.
+func send(w http.ResponseWriter, resp *idem.Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(resp.Body)
+}
+
+// rawMux routes the payments route to h, and everything else to the plain
+// application.
+func rawMux(h http.HandlerFunc) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(patternCreate, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(idem.HeaderKey) == "" {
+			appHandler(w, r)
+			return
+		}
+		h(w, r)
+	})
+	return mux
+}
+
+// rawPGHandler runs pgstore's claim statement, then (for a new key) the
+// application and pgstore's completion statement; a completed key's stored
+// response is decoded and sent.
+func rawPGHandler(pool *pgxpool.Pool, schema string) http.Handler {
+	claimSQL, completeSQL := rawPGSQL(schema)
+	return rawMux(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		key, token := rawKey(r), rawToken()
+		var (
+			acquired, completed, live bool
+			attempt                   int32
+			fp                        string
+			body                      []byte
+			lease                     *time.Time
+			exp                       time.Time
+		)
+		err := pool.QueryRow(ctx, claimSQL, rawScope, key, rawFingerprint, token, rawLease, rawTTL).
+			Scan(&acquired, &attempt, &fp, &completed, &body, &lease, &live, &exp)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		switch {
+		case acquired:
+			resp := runApp(r)
+			enc, _ := resp.MarshalBinary()
+			if _, err := pool.Exec(context.WithoutCancel(ctx), completeSQL, rawScope, key, token, enc); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			send(w, resp)
+		case completed && fp == rawFingerprint:
+			var resp idem.Response
+			if err := resp.UnmarshalBinary(body); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			send(w, &resp)
+		default:
+			w.WriteHeader(http.StatusConflict)
+		}
+	})
+}
+
+// rawPGSQL returns pgstore's claim and completion statements (a copy of
+// pgstore.prepareSQL's texts) for the records table in schema.
+func rawPGSQL(schema string) (claimSQL, completeSQL string) {
+	t := pgx.Identifier{schema, "idempotency_records"}.Sanitize()
+	claimSQL = `WITH cur AS (
+	SELECT fingerprint,
+	       response IS NOT NULL AS completed,
+	       CASE WHEN fingerprint = $3 THEN response END AS response,
+	       lease_expires_at,
+	       coalesce(lease_expires_at > statement_timestamp(), false) AS lease_live,
+	       expires_at
+	FROM ` + t + `
+	WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()
+), ins AS (
+	INSERT INTO ` + t + ` AS r (scope, key, fingerprint, token, lease_expires_at, expires_at, attempt)
+	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1
+	WHERE NOT EXISTS (
+		SELECT 1 FROM cur
+		WHERE cur.fingerprint <> $3 OR cur.completed OR cur.lease_live)
+	ON CONFLICT (scope, key) DO UPDATE SET
+		fingerprint = excluded.fingerprint,
+		token = excluded.token,
+		lease_expires_at = excluded.lease_expires_at,
+		expires_at = excluded.expires_at,
+		response = NULL,
+		attempt = CASE WHEN r.expires_at <= statement_timestamp() THEN 1 ELSE r.attempt + 1 END
+	WHERE r.expires_at <= statement_timestamp()
+	   OR (r.token IS NOT NULL AND r.fingerprint = excluded.fingerprint
+	       AND r.lease_expires_at <= statement_timestamp())
+	RETURNING attempt, lease_expires_at, expires_at
+)
+SELECT true, ins.attempt, $3, false, NULL::bytea, ins.lease_expires_at, true, ins.expires_at FROM ins
+UNION ALL
+SELECT false, 0, cur.fingerprint, cur.completed, cur.response, cur.lease_expires_at, cur.lease_live, cur.expires_at
+FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
+	completeSQL = `UPDATE ` + t + ` SET response = $4, token = NULL, lease_expires_at = NULL
+	WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > statement_timestamp()`
+	return claimSQL, completeSQL
+}
+
+// rawSQLiteHandler runs sqlitestore's statements on the store's own
+// connections: the read of the record on the read pool; for a new key,
+// BEGIN IMMEDIATE, the read again and the insert on the writer, COMMIT,
+// the application, and the completing UPDATE.
+func rawSQLiteHandler(s *sqlitestore.Store) http.Handler {
+	const t = sqlitestore.DefaultTable
+	getSQL := `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`
+	insertSQL := `INSERT OR REPLACE INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
+			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)`
+	completeSQL := `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`
+	type row struct {
+		fp             string
+		state          int
+		lease, expires int64
+		response       []byte
+	}
+	get := func(ctx context.Context, q interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}, key string) (row, bool, error) {
+		var rw row
+		err := q.QueryRowContext(ctx, getSQL, rawScope, key).Scan(&rw.fp, &rw.state, &rw.lease, &rw.expires, &rw.response)
+		if errors.Is(err, sql.ErrNoRows) {
+			return rw, false, nil
+		}
+		return rw, err == nil, err
+	}
+	fail := func(w http.ResponseWriter, err error) { http.Error(w, err.Error(), http.StatusServiceUnavailable) }
+	return rawMux(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		key := rawKey(r)
+		now := time.Now()
+		rw, found, err := get(ctx, s.ReadDB(), key)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		if found && rw.expires > now.UnixNano() {
+			if rw.state == 2 && rw.fp == rawFingerprint {
+				var resp idem.Response
+				if err := resp.UnmarshalBinary(rw.response); err != nil {
+					fail(w, err)
+					return
+				}
+				send(w, &resp)
+				return
+			}
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+		conn, err := s.DB().Conn(ctx)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		defer conn.Close()
+		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			fail(w, err)
+			return
+		}
+		token := rawToken()
+		if _, _, err = get(ctx, conn, key); err == nil {
+			_, err = conn.ExecContext(ctx, insertSQL, rawScope, key, rawFingerprint, token,
+				now.Add(rawLease).UnixNano(), now.Add(rawTTL).UnixNano())
+		}
+		if err == nil {
+			_, err = conn.ExecContext(ctx, "COMMIT")
+		}
+		if err != nil {
+			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+			fail(w, err)
+			return
+		}
+		conn.Close()
+		resp := runApp(r)
+		enc, _ := resp.MarshalBinary()
+		if _, err := s.DB().ExecContext(context.WithoutCancel(ctx), completeSQL, enc, rawScope, key, token, time.Now().UnixNano()); err != nil {
+			fail(w, err)
+			return
+		}
+		send(w, resp)
+	})
+}
+
+// rawRedisHandler sends redisstore's claim script, then (for a new key) the
+// application and the completion script, by EVALSHA, on a key named
+// without hashing.
+func rawRedisHandler(ctx context.Context, c *redis.Client, prefix string) (http.Handler, error) {
+	claim, complete := redis.NewScript(rawClaimLua), redis.NewScript(rawCompleteLua)
+	for _, s := range []*redis.Script{claim, complete} {
+		if err := s.Load(ctx, c).Err(); err != nil {
+			return nil, err
+		}
+	}
+	lease, ttl := rawLease.Milliseconds(), rawTTL.Milliseconds()
+	return rawMux(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		keys := []string{prefix + "raw{" + rawKey(r) + "}"}
+		token := rawToken()
+		v, err := claim.EvalSha(ctx, c, keys, rawFingerprint, token, lease, ttl).Slice()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		switch v[0] {
+		case int64(1):
+			resp := runApp(r)
+			enc, _ := resp.MarshalBinary()
+			if err := complete.EvalSha(context.WithoutCancel(ctx), c, keys, token, enc).Err(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			send(w, resp)
+		case int64(2):
+			enc, _ := v[5].(string)
+			var resp idem.Response
+			if err := resp.UnmarshalBinary([]byte(enc)); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			send(w, &resp)
+		default:
+			w.WriteHeader(http.StatusConflict)
+		}
+	}), nil
+}
