@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/memstore"
@@ -106,6 +107,19 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redis: %w", err)
 		}
+		// An unresponsive Redis must turn into a prompt 503, not a wait of
+		// go-redis's default 5 s per request: 1 s unless the URL says
+		// otherwise (dial_timeout, read_timeout, write_timeout).
+		q := mustQuery(conn)
+		if !q.Has("dial_timeout") {
+			opts.DialTimeout = redisTimeout
+		}
+		if !q.Has("read_timeout") {
+			opts.ReadTimeout = redisTimeout
+		}
+		if !q.Has("write_timeout") {
+			opts.WriteTimeout = redisTimeout
+		}
 		client := redis.NewClient(opts)
 		s, err := redisstore.New(client, &redisstore.Config{Prefix: prefix})
 		if err != nil {
@@ -136,6 +150,18 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 	return &Store{Store: s, Kind: SQLite, Where: "SQLite file " + abs, SQLite: s,
 		Ping:  func(ctx context.Context) error { return s.ReadDB().PingContext(ctx) },
 		close: s.Close}, nil
+}
+
+// redisTimeout bounds each Redis dial, read and write unless the URL sets
+// its own.
+const redisTimeout = time.Second
+
+func mustQuery(spec string) url.Values {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return url.Values{}
+	}
+	return u.Query()
 }
 
 // cutQuery removes the query parameter name from a URL and returns the URL
