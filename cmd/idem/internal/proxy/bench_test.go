@@ -190,3 +190,110 @@ func runLoad(b *testing.B, target, method string, key func(i int64) string) {
 	b.ReportMetric(pct(0.90), "p90-µs")
 	b.ReportMetric(pct(0.99), "p99-µs")
 }
+
+// BenchmarkProxyPaired measures the plain proxy, first executions and
+// replays in alternating slices of 100 ms each (one round = one slice of
+// each), so that the load of other work on the machine falls on all three
+// alike; the ratios it reports are the comparison to read. Each round is
+// one b.N iteration.
+//
+//	go test -run '^$' -bench BenchmarkProxyPaired -benchtime 40x ./internal/proxy/
+func BenchmarkProxyPaired(b *testing.B) {
+	up := benchUpstream(b)
+	plain := httptest.NewServer(plainProxy(up))
+	defer plain.Close()
+	for _, st := range []struct {
+		name string
+		spec func(b *testing.B) string
+	}{
+		{"memory", func(*testing.B) string { return "memory" }},
+		{"redis", func(b *testing.B) string { return redisSpec(b) }},
+		{"sqlite", func(b *testing.B) string { return filepath.Join(b.TempDir(), "records.db") }},
+		{"postgres", func(b *testing.B) string { return postgresSpec(b) }},
+	} {
+		b.Run(st.name, func(b *testing.B) {
+			store, err := backend.Open(context.Background(), st.spec(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer store.Close()
+			p, err := New(&Config{Upstream: up, Store: store, Transport: benchTransport(), Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv := httptest.NewServer(p)
+			defer srv.Close()
+			prefix := rand.Text()[:12] + "-"
+			replayKey := prefix + "replayed"
+			if s, err := benchSend(srv.URL, http.MethodPost, replayKey); err != nil || s != http.StatusCreated {
+				b.Fatalf("warm-up: %d %v", s, err)
+			}
+			var seq atomic.Int64
+			systems := []struct {
+				name   string
+				target string
+				key    func() string
+				lat    []time.Duration
+				total  time.Duration
+			}{
+				{name: "plain", target: plain.URL, key: func() string { return "k" }},
+				{name: "first", target: srv.URL, key: func() string { return prefix + strconv.FormatInt(seq.Add(1), 10) }},
+				{name: "replay", target: srv.URL, key: func() string { return replayKey }},
+			}
+			b.ResetTimer()
+			for range b.N {
+				for i := range systems {
+					s := &systems[i]
+					lat, d := loadSlice(b, s.target, s.key, 100*time.Millisecond)
+					s.lat = append(s.lat, lat...)
+					s.total += d
+				}
+			}
+			b.StopTimer()
+			rps := map[string]float64{}
+			for i := range systems {
+				s := &systems[i]
+				if len(s.lat) == 0 {
+					b.Fatalf("%s: no request completed", s.name)
+				}
+				slices.Sort(s.lat)
+				rps[s.name] = float64(len(s.lat)) / s.total.Seconds()
+				b.ReportMetric(rps[s.name], s.name+"-req/s")
+				b.ReportMetric(float64(s.lat[len(s.lat)/2].Microseconds()), s.name+"-p50-µs")
+				b.ReportMetric(float64(s.lat[min(len(s.lat)-1, len(s.lat)*99/100)].Microseconds()), s.name+"-p99-µs")
+			}
+			b.ReportMetric(rps["first"]/rps["plain"], "first/plain")
+			b.ReportMetric(rps["replay"]/rps["plain"], "replay/plain")
+		})
+	}
+}
+
+// loadSlice posts from 16 concurrent clients for d and returns every
+// request's latency and the slice's real duration.
+func loadSlice(b *testing.B, target string, key func() string, d time.Duration) ([]time.Duration, time.Duration) {
+	const clients = 16
+	var wg sync.WaitGroup
+	lats := make([][]time.Duration, clients)
+	start := time.Now()
+	end := start.Add(d)
+	for c := range clients {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				t0 := time.Now()
+				status, err := benchSend(target, http.MethodPost, key())
+				if err != nil || status != http.StatusCreated {
+					b.Errorf("status %d, %v", status, err)
+					return
+				}
+				lats[c] = append(lats[c], time.Since(t0))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	var all []time.Duration
+	for _, l := range lats {
+		all = append(all, l...)
+	}
+	return all, elapsed
+}
