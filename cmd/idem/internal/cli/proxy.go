@@ -84,7 +84,10 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return f.usageError("--upstream is required: the base URL of the service to protect")
 	}
 	upstream, err := url.Parse(*upstreamURL)
-	if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
+	if err == nil {
+		err = proxy.CheckUpstream(upstream)
+	}
+	if err != nil {
 		return f.usageError("--upstream %q must be an http:// or https:// URL with a host", *upstreamURL)
 	}
 

@@ -23,6 +23,8 @@ func TestProxyFlagErrors(t *testing.T) {
 	}{
 		{[]string{}, "--upstream is required"},
 		{[]string{"--upstream", "ftp://h"}, `must be an http:// or https:// URL`},
+		{[]string{"--upstream", "http://127.0.0.1:"}, `must be an http:// or https:// URL`},
+		{[]string{"--upstream", "http:///path"}, `must be an http:// or https:// URL`},
 		{[]string{"--upstream", "http://h", "--lease", "1ms"}, "--lease: lease 1ms is shorter than the minimum"},
 		{[]string{"--upstream", "http://h", "--ttl", "1s"}, "--ttl: ttl 1s is shorter than lease 30s"},
 		{[]string{"--upstream", "http://h", "--max-request-body", "0"}, `invalid size "0": must be positive`},

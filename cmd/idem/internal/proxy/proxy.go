@@ -34,6 +34,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -131,8 +132,8 @@ func New(cfg *Config) (*Proxy, error) {
 		return nil, errors.New("proxy: Upstream and Store are required")
 	}
 	u := cfg.Upstream
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("proxy: upstream %q must be an http:// or https:// URL with a host", u.Redacted())
+	if err := CheckUpstream(u); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	logger := cfg.Logger
 	if logger == nil {
@@ -181,6 +182,15 @@ func New(cfg *Config) (*Proxy, error) {
 		p.routes[r.Pattern] = rt
 	}
 	return p, nil
+}
+
+// CheckUpstream accepts an http:// or https:// URL with a host (and a
+// port, if it has a colon).
+func CheckUpstream(u *url.URL) error {
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || strings.HasSuffix(u.Host, ":") {
+		return fmt.Errorf("upstream %q must be an http:// or https:// URL with a host", u.Redacted())
+	}
+	return nil
 }
 
 // register adds pattern to mux, turning ServeMux's panics on invalid or
