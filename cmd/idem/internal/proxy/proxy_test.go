@@ -611,3 +611,29 @@ func TestUpgradePassesThrough(t *testing.T) {
 		t.Fatalf("tunnel: %q %v", line, err)
 	}
 }
+
+// TestBrokenUpstreamBodyReleases: an upstream whose body breaks off after
+// the status line gives no answer to store; the client's connection is
+// closed and the key released, so the retry runs again.
+func TestBrokenUpstreamBodyReleases(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if n == 1 {
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "only ten..")
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // drop the connection mid-body
+		}
+		writeJSON(w, http.StatusCreated, map[string]int{"n": n})
+	})
+	px := newTestProxy(t, up, Config{})
+	key := newKey(t)
+	if r, err := trySend(http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key); err == nil {
+		t.Fatalf("a broken answer reached the client whole: %v", r)
+	}
+	r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
+	if r.status != http.StatusCreated || r.header.Get(idem.HeaderReplayed) != "false" || up.count(key) != 2 {
+		t.Fatalf("retry: %v (upstream ran %d)", r, up.count(key))
+	}
+}
