@@ -62,23 +62,29 @@ func accessLog(logger *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &metrics.StatusWriter{ResponseWriter: w}
+		// Deferred, so that a request whose handler aborts (a panic, as
+		// net/http's ErrAbortHandler) is logged too.
+		defer func() { logRequest(logger, r, sw, start) }()
 		next.ServeHTTP(sw, r)
-		attrs := []slog.Attr{
-			slog.String("method", r.Method),
-			slog.String("path", r.URL.Path),
-			slog.Int("status", sw.Status()),
-			slog.Int64("bytes", sw.Bytes),
-			slog.Duration("duration", time.Since(start)),
-		}
-		if k := r.Header.Get(idem.HeaderKey); k != "" {
-			sum := sha256.Sum256([]byte(k))
-			attrs = append(attrs, slog.String("key", "sha256:"+hex.EncodeToString(sum[:6])))
-		}
-		if rp := sw.Header().Get(idem.HeaderReplayed); rp != "" {
-			attrs = append(attrs, slog.String("replayed", rp))
-		}
-		logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	})
+}
+
+func logRequest(logger *slog.Logger, r *http.Request, sw *metrics.StatusWriter, start time.Time) {
+	attrs := []slog.Attr{
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", sw.Status()),
+		slog.Int64("bytes", sw.Bytes),
+		slog.Duration("duration", time.Since(start)),
+	}
+	if k := r.Header.Get(idem.HeaderKey); k != "" {
+		sum := sha256.Sum256([]byte(k))
+		attrs = append(attrs, slog.String("key", "sha256:"+hex.EncodeToString(sum[:6])))
+	}
+	if rp := sw.Header().Get(idem.HeaderReplayed); rp != "" {
+		attrs = append(attrs, slog.String("replayed", rp))
+	}
+	logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
 // health answers 200 while every store answers a ping, 503 otherwise.

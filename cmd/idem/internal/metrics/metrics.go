@@ -118,9 +118,11 @@ func (m *Metrics) Instrument(route string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &StatusWriter{ResponseWriter: w}
+		defer func() { // also for handlers that abort
+			dur.Observe(time.Since(start).Seconds())
+			m.responses.WithLabelValues(route, strconv.Itoa(sw.Status())).Inc()
+		}()
 		next.ServeHTTP(sw, r)
-		dur.Observe(time.Since(start).Seconds())
-		m.responses.WithLabelValues(route, strconv.Itoa(sw.Status())).Inc()
 	})
 }
 
