@@ -506,7 +506,10 @@ func listsToken(conn []string, k string) bool {
 	return false
 }
 
-// replayBody gives the handler the body idem read, as one allocation.
+// replayBody gives the handler the body idem read, as one allocation. Its
+// Len method (from bytes.Reader) is part of its contract: a reverse proxy
+// behind the middleware uses it to send a Content-Length upstream for a
+// request the client sent chunked.
 type replayBody struct{ bytes.Reader }
 
 func (*replayBody) Close() error { return nil }
