@@ -249,8 +249,12 @@ func TestInFlightDuplicateGets409(t *testing.T) {
 
 func TestParallelDuplicatesExecuteOnce(t *testing.T) {
 	t.Parallel()
+	// The first request to claim the key holds it until every other
+	// duplicate has been answered, so all 50 really overlap.
+	release := newGate()
+	defer release.open()
 	b := setup(t, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(time.Millisecond) // widen the window; not used for synchronisation
+		release.wait()
 		created(w, r)
 	}, nil)
 	const n = 50
@@ -266,22 +270,25 @@ func TestParallelDuplicatesExecuteOnce(t *testing.T) {
 		}()
 	}
 	close(start)
+	b.events.waitFor(t, idem.EventInFlight, n-1)
+	release.open()
 	wg.Wait()
-	var success []byte
+	created, conflicts := 0, 0
 	for _, r := range results {
 		switch r.status {
 		case 201:
-			if success != nil && !bytes.Equal(success, r.body) {
-				t.Fatalf("two different success bodies: %s / %s", success, r.body)
-			}
-			success = r.body
+			created++
 		case 409:
+			conflicts++
 		default:
 			t.Fatalf("unexpected %d %s", r.status, r.body)
 		}
 	}
-	if n := b.calls.Load(); n != 1 {
-		t.Fatalf("handler ran %d times for %d parallel duplicates", n, n)
+	if created != 1 || conflicts != n-1 {
+		t.Fatalf("%d created and %d conflicts, want 1 and %d", created, conflicts, n-1)
+	}
+	if calls := b.calls.Load(); calls != 1 {
+		t.Fatalf("handler ran %d times for %d parallel duplicates", calls, n)
 	}
 }
 
