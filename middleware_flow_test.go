@@ -273,19 +273,19 @@ func TestParallelDuplicatesExecuteOnce(t *testing.T) {
 	b.events.waitFor(t, idem.EventInFlight, n-1)
 	release.open()
 	wg.Wait()
-	created, conflicts := 0, 0
+	executed, conflicts := 0, 0
 	for _, r := range results {
 		switch r.status {
 		case 201:
-			created++
+			executed++
 		case 409:
 			conflicts++
 		default:
 			t.Fatalf("unexpected %d %s", r.status, r.body)
 		}
 	}
-	if created != 1 || conflicts != n-1 {
-		t.Fatalf("%d created and %d conflicts, want 1 and %d", created, conflicts, n-1)
+	if executed != 1 || conflicts != n-1 {
+		t.Fatalf("%d created and %d conflicts, want 1 and %d", executed, conflicts, n-1)
 	}
 	if calls := b.calls.Load(); calls != 1 {
 		t.Fatalf("handler ran %d times for %d parallel duplicates", calls, n)
