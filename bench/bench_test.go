@@ -209,3 +209,31 @@ func TestLoadIsBounded(t *testing.T) {
 		t.Errorf("with a closed Stop channel, 2 workers measured %d requests, want one each", res.Requests)
 	}
 }
+
+// TestMerge checks that a later results file replaces an earlier one's
+// scenarios, sections and targets, and keeps the rest.
+func TestMerge(t *testing.T) {
+	t.Parallel()
+	a := saved{Command: "a", Matrix: []sample{{Scenario: scFirst, System: sysBare}, {Scenario: scReplay, System: sysBare}},
+		Sections: []section{{Title: "Scale", Body: "old"}, {Title: "Memory", Body: "kept"}},
+		Targets:  []target{{Name: "t1", Met: "missed"}, {Name: "t2", Met: "met"}}}
+	b := saved{Command: "b", Matrix: []sample{{Scenario: scFirst, System: sysMem}},
+		Sections: []section{{Title: "Scale", Body: "new"}}, Targets: []target{{Name: "t1", Met: "met"}}}
+	m := merge([]saved{a, b})
+	if m.Command != "a\nb" {
+		t.Errorf("command %q", m.Command)
+	}
+	var systems []string
+	for _, s := range m.Matrix {
+		systems = append(systems, s.Scenario+"/"+s.System)
+	}
+	if strings.Join(systems, ",") != "replay/bare,first/idem-mem" {
+		t.Errorf("matrix %v", systems)
+	}
+	if len(m.Sections) != 2 || m.Sections[0].Body != "new" || m.Sections[1].Body != "kept" {
+		t.Errorf("sections %+v", m.Sections)
+	}
+	if len(m.Targets) != 2 || m.Targets[0].Met != "met" || m.Targets[1].Name != "t2" {
+		t.Errorf("targets %+v", m.Targets)
+	}
+}

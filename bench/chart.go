@@ -8,7 +8,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 )
 
 // chartConcurrency picks the concurrency the chart shows: 32 workers if it
@@ -68,7 +67,11 @@ func writeChart(path string, r *report) error {
 		bars.Color = palette[i%len(palette)]
 		bars.Offset = w * vg.Length(float64(i)-float64(len(shown)-1)/2)
 		p.Add(bars)
-		p.Legend.Add(sys, bars)
+		label := sys
+		if b := baseline(sys); b != sysBare {
+			label += " (÷ " + b + ")"
+		}
+		p.Legend.Add(label, bars)
 	}
 	ref := plotter.NewFunction(func(float64) float64 { return 1 })
 	ref.Dashes = []vg.Length{vg.Points(3), vg.Points(3)}
@@ -87,6 +90,5 @@ func writeChart(path string, r *report) error {
 	p.Legend.XOffs = 0
 	p.Legend.YOffs = 0
 	p.Title.TextStyle.Font.Size = vg.Points(10)
-	_ = draw.PosRight
 	return p.Save(11*vg.Inch, 5*vg.Inch, path)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -39,6 +38,9 @@ type options struct {
 	// MemKeys is the number of unique keys of the memory scenario;
 	// CleanupRows the expired records of the cleanup scenario (1 million).
 	MemKeys, CleanupRows int
+	// Slices is the number of interleaved slices each matrix measurement
+	// is cut into.
+	Slices int
 	// ScaleConcurrency and CleanupConcurrency are the concurrency of
 	// those scenarios' traffic.
 	ScaleConcurrency, CleanupConcurrency int
@@ -377,15 +379,29 @@ func (e *env) runMatrix(ctx context.Context) ([]sample, error) {
 				}
 			}
 			for r := range e.o.Rounds {
-				// Rotate the order every round: no system always runs
-				// first, right after a rest, or right after a heavy one.
-				order := slices.Clone(systems)
-				k := r % len(order)
-				order = append(order[k:], order[:k]...)
-				for _, s := range order {
-					sm, err := e.measure(ctx, p, s, procs[s], clients[s], conc, r)
-					if err != nil {
-						return out, fmt.Errorf("%s on %s, %d workers: %w", p, s, conc, err)
+				// Each system's measurement is cut into slices, and the
+				// systems' slices interleave, so that a burst of outside
+				// load falls on all of them alike. The order rotates every
+				// slice: no system always runs first, right after a rest,
+				// or right after a heavy one.
+				parts := map[string][]part{}
+				dur := e.o.Duration / time.Duration(e.o.Slices)
+				for j := range e.o.Slices {
+					order := slices.Clone(systems)
+					k := (r*e.o.Slices + j) % len(order)
+					order = append(order[k:], order[:k]...)
+					for _, s := range order {
+						pt, err := e.measure(ctx, p, s, procs[s], clients[s], conc, r, dur)
+						if err != nil {
+							return out, fmt.Errorf("%s on %s, %d workers: %w", p, s, conc, err)
+						}
+						parts[s] = append(parts[s], pt)
+					}
+				}
+				for _, s := range systems {
+					sm := combine(p, s, conc, r, parts[s])
+					if float64(sm.Errors) > 0.01*float64(sm.Requests) {
+						return out, fmt.Errorf("%s on %s, %d workers: %d of %d requests failed, first: %s", p, s, conc, sm.Errors, sm.Requests, sm.FirstError)
 					}
 					e.o.logf("%-8s %-11s c=%-3d r=%d %9.0f req/s  p50 %7s  p99 %7s  allocs/req %5.0f  errors %d %s",
 						p, s, conc, r, sm.Throughput, fmtDur(sm.P50), fmtDur(sm.P99), sm.AllocsPerReq, sm.Errors, sm.FirstError)
@@ -412,10 +428,47 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // measure runs one measurement of a path on a system.
-func (e *env) measure(ctx context.Context, path, system string, c *child, client *http.Client, conc, round int) (sample, error) {
+// part is one slice of a measurement.
+type part struct {
+	res     loadResult
+	mallocs uint64
+	allocOK bool
+	peakKiB uint64
+}
+
+// combine merges the slices of one system's measurement in one round.
+func combine(path, system string, conc, round int, parts []part) sample {
+	var all loadResult
+	var mallocs uint64
+	allocOK := true
+	var peak uint64
+	for _, p := range parts {
+		all.Requests += p.res.Requests
+		all.Errors += p.res.Errors
+		all.Elapsed += p.res.Elapsed
+		all.Latencies = append(all.Latencies, p.res.Latencies...)
+		if all.FirstError == "" {
+			all.FirstError = p.res.FirstError
+		}
+		mallocs += p.mallocs
+		allocOK = allocOK && p.allocOK
+		peak = max(peak, p.peakKiB)
+	}
+	slices.Sort(all.Latencies)
+	allocs := -1.0
+	if allocOK && all.Requests > 0 {
+		allocs = float64(mallocs) / float64(all.Requests)
+	}
+	return sample{Scenario: path, System: system, Conc: conc, Round: round, Throughput: all.Throughput(),
+		P50: all.Percentile(0.50), P99: all.Percentile(0.99), P999: all.Percentile(0.999),
+		AllocsPerReq: allocs, PeakRSSKiB: peak, Requests: all.Requests, Errors: all.Errors, FirstError: all.FirstError}
+}
+
+// measure runs one slice of a measurement of a path on a system.
+func (e *env) measure(ctx context.Context, path, system string, c *child, client *http.Client, conc, round int, dur time.Duration) (part, error) {
 	isBare := system == sysBare || system == sysFiberBare
 	url := c.url(pathPayments)
-	spec := loadSpec{Workers: conc, Duration: e.o.Duration, MaxRequests: e.o.MaxRequests, Warmup: 2, Status: http.StatusCreated}
+	spec := loadSpec{Workers: conc, Duration: dur, MaxRequests: e.o.MaxRequests, Warmup: 2, Status: http.StatusCreated}
 	var after func() error
 	switch path {
 	case scNoKey:
@@ -446,7 +499,7 @@ func (e *env) measure(ctx context.Context, path, system string, c *child, client
 		if !isBare {
 			st, err := doRequest(ctx, client, request{method: "POST", url: url, body: bodyA, key: key}, nil)
 			if err != nil || st != http.StatusCreated {
-				return sample{}, fmt.Errorf("completing the key: status %d, %v", st, err)
+				return part{}, fmt.Errorf("completing the key: status %d, %v", st, err)
 			}
 			spec.Status = http.StatusUnprocessableEntity
 		}
@@ -475,7 +528,7 @@ func (e *env) measure(ctx context.Context, path, system string, c *child, client
 		// Wait until the slow request holds the key: its handler runs,
 		// so its claim is made, and every duplicate now gets 409.
 		if _, err := c.control("POST", "/await-slow"); err != nil {
-			return sample{}, fmt.Errorf("the slow request was never held: %w", err)
+			return part{}, fmt.Errorf("the slow request was never held: %w", err)
 		}
 		spec.Status = http.StatusConflict
 		spec.Req = func(w, i int) request { return request{method: "POST", url: slow, body: bodyA, key: key} }
@@ -501,24 +554,22 @@ func (e *env) measure(ctx context.Context, path, system string, c *child, client
 	if sampler != nil {
 		peak = sampler.finish()
 	}
-	allocs := -1.0
-	if afterSt, err := c.control("GET", "/stats"); err == nil && stErr == nil && res.Requests > 0 {
-		allocs = float64(afterSt.Mallocs-before.Mallocs) / float64(res.Requests)
+	pt := part{res: res, peakKiB: peak}
+	if afterSt, err := c.control("GET", "/stats"); err == nil && stErr == nil {
+		pt.mallocs, pt.allocOK = afterSt.Mallocs-before.Mallocs, true
 	}
 	if after != nil {
 		if err := after(); err != nil {
-			return sample{}, fmt.Errorf("releasing the slow request: %w", err)
+			return part{}, fmt.Errorf("releasing the slow request: %w", err)
 		}
 	}
 	if res.Requests == 0 {
-		return sample{}, fmt.Errorf("no request measured: %s", res.FirstError)
+		return part{}, fmt.Errorf("no request measured: %s", res.FirstError)
 	}
 	if res.Errors > 0 && float64(res.Errors) > 0.01*float64(res.Requests) {
-		return sample{}, fmt.Errorf("%d of %d requests failed, first: %s (server: %s)", res.Errors, res.Requests, res.FirstError, c.stderr.String())
+		return part{}, fmt.Errorf("%d of %d requests failed, first: %s (server: %s)", res.Errors, res.Requests, res.FirstError, c.stderr.String())
 	}
-	return sample{Scenario: path, System: system, Conc: conc, Round: round, Throughput: res.Throughput(),
-		P50: res.Percentile(0.50), P99: res.Percentile(0.99), P999: res.Percentile(0.999),
-		AllocsPerReq: allocs, PeakRSSKiB: peak, Requests: res.Requests, Errors: res.Errors, FirstError: res.FirstError}, nil
+	return pt, nil
 }
 
 func fmtDur(d time.Duration) string {
@@ -533,5 +584,3 @@ func fmtDur(d time.Duration) string {
 	}
 	return strconv.FormatFloat(ms, 'f', 3, 64)
 }
-
-var errSkipped = errors.New("skipped")

@@ -79,6 +79,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "duration of each measurement")
 	fs.IntVar(&o.Rounds, "rounds", 3, "rounds: every system is measured once per round, in rotating order")
+	fs.IntVar(&o.Slices, "slices", 4, "slices each matrix measurement is cut into, interleaved with the other systems' slices")
 	conc := fs.String("concurrency", "1,8,32,128", "comma-separated closed-loop worker counts")
 	scen := fs.String("scenarios", "", "comma-separated scenarios to run (default all): "+strings.Join(allScenarios, ","))
 	fs.StringVar(&o.Out, "out", "", "Markdown file whose generated section is rewritten (default: print the section)")
@@ -92,7 +93,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.ScaleConcurrency, "scale-concurrency", 8, "workers of the scale scenario")
 	fs.IntVar(&o.CleanupConcurrency, "cleanup-concurrency", 8, "workers of the cleanup scenario's traffic")
 	fs.StringVar(&o.Results, "results", "", "also write the raw results as JSON to this file")
-	fs.StringVar(&o.From, "from", "", "render the section from a -results file instead of measuring")
+	fs.StringVar(&o.From, "from", "", "render the section from -results files (comma-separated; a later file's scenarios\nreplace an earlier one's) instead of measuring")
 	fs.StringVar(&o.Findings, "findings", "", "Markdown analysis included in the section (default: bench/FINDINGS.md under -repo, if present)")
 	fs.StringVar(&o.ProfileDir, "profile-dir", "", "record a perf CPU profile of the server process of every measurement into this directory")
 	fs.StringVar(&o.Repo, "repo", "", "repository root (default: the directory holding go.work, from the working directory up)")
@@ -148,7 +149,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 			o.Scenarios[s] = true
 		}
 	}
-	if o.Duration <= 0 || o.Rounds < 1 || o.SmallRows < 1 || o.ScaleRows < o.SmallRows || o.MemKeys < 1 || o.CleanupRows < 1 {
+	if o.Duration <= 0 || o.Rounds < 1 || o.Slices < 1 || o.SmallRows < 1 || o.ScaleRows < o.SmallRows || o.MemKeys < 1 || o.CleanupRows < 1 {
 		return nil, fmt.Errorf("-duration, -rounds and the row counts must be positive (and -scale-rows at least -small-rows)")
 	}
 	if o.Chart == "" && o.Out != "" {
@@ -215,15 +216,19 @@ func runHarness(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // returns the generated section.
 func run(ctx context.Context, o *options) (string, error) {
 	if o.From != "" {
-		data, err := os.ReadFile(o.From)
-		if err != nil {
-			return "", err
+		var all []saved
+		for _, f := range strings.Split(o.From, ",") {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				return "", err
+			}
+			var s saved
+			if err := json.Unmarshal(data, &s); err != nil {
+				return "", fmt.Errorf("%s: %w", f, err)
+			}
+			all = append(all, s)
 		}
-		var s saved
-		if err := json.Unmarshal(data, &s); err != nil {
-			return "", fmt.Errorf("%s: %w", o.From, err)
-		}
-		return render(restore(s, o))
+		return render(restore(merge(all), o))
 	}
 	e, err := newEnv(ctx, o)
 	if err != nil {

@@ -111,32 +111,39 @@ func (c *child) url(path string) string { return "http://" + c.addr + path }
 
 var ctlClient = &http.Client{Timeout: 30 * time.Second}
 
-// control calls the child's control server.
+// control calls the child's control server and decodes its stats.
 func (c *child) control(method, path string) (stats, error) {
 	var st stats
+	err := c.controlJSON(context.Background(), ctlClient, method, path, &st)
+	return st, err
+}
+
+// controlJSON calls the child's control server and decodes its JSON
+// answer, if any, into v.
+func (c *child) controlJSON(ctx context.Context, client *http.Client, method, path string, v any) error {
 	if c.ctl == "" {
-		return st, errors.New("no control server")
+		return errors.New("no control server")
 	}
-	req, err := http.NewRequest(method, "http://"+c.ctl+path, nil)
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.ctl+path, nil)
 	if err != nil {
-		return st, err
+		return err
 	}
-	resp, err := ctlClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		return st, err
+		return err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return st, err
+		return err
 	}
 	if resp.StatusCode >= 300 {
-		return st, fmt.Errorf("%s %s: status %d", method, path, resp.StatusCode)
+		return fmt.Errorf("%s %s: status %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(body))
 	}
 	if len(bytes.TrimSpace(body)) > 0 {
-		err = json.Unmarshal(body, &st)
+		return json.Unmarshal(body, v)
 	}
-	return st, err
+	return nil
 }
 
 // tailBuffer keeps the last max bytes written to it.

@@ -63,7 +63,7 @@ type saved struct {
 	Command, Machine string
 	Chart            string
 	Duration         time.Duration
-	Rounds           int
+	Rounds, Slices   int
 	Concurrency      []int
 	MaxRequests      int64
 	Elapsed          time.Duration
@@ -74,14 +74,14 @@ type saved struct {
 }
 
 func (r *report) save() saved {
-	return saved{Command: r.o.Command, Machine: r.machineDescription(), Chart: r.o.Chart, Duration: r.o.Duration, Rounds: r.o.Rounds,
+	return saved{Command: r.o.Command, Machine: r.machineDescription(), Chart: r.o.Chart, Duration: r.o.Duration, Rounds: r.o.Rounds, Slices: r.o.Slices,
 		Concurrency: r.o.Concurrency, MaxRequests: r.o.MaxRequests, Elapsed: r.elapsed, Notes: r.env.notes, Matrix: r.matrix,
 		Sections: r.sections, Targets: slices.DeleteFunc(slices.Clone(r.targets), func(t target) bool { return t.derived })}
 }
 
 // restore rebuilds a report from saved results, for rendering only.
 func restore(s saved, o *options) *report {
-	o.Command, o.Duration, o.Rounds, o.Concurrency, o.MaxRequests = s.Command, s.Duration, s.Rounds, s.Concurrency, s.MaxRequests
+	o.Command, o.Duration, o.Rounds, o.Slices, o.Concurrency, o.MaxRequests = s.Command, s.Duration, s.Rounds, s.Slices, s.Concurrency, s.MaxRequests
 	if o.Chart == "" {
 		o.Chart = s.Chart
 	}
@@ -208,8 +208,8 @@ func (r *report) markdown() string {
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), r.elapsed.Round(time.Second))
 	fmt.Fprintf(&b, "```\n%s\n```\n\n", o.Command)
 	b.WriteString(r.machineDescription())
-	fmt.Fprintf(&b, "\n**Method.** Closed-loop load over loopback from a Go load generator (N workers, each sending its next request as soon as its previous answer arrived; keep-alive connections, a tuned `http.Transport` with `MaxIdleConnsPerHost` ≥ N). Each measurement runs %v (or at most %s requests) after an untimed warm-up of 2 requests per worker. Every system runs in a process of its own; in each of %d round(s) every system is measured once, in an order rotated every round, so that outside load falls on all alike. Tables show the **median over rounds**; a ratio is the median of the per-round ratios (system ÷ its baseline measured in the same round). Latencies are per request, client side, nearest-rank percentiles. *allocs/req* is the server process's `runtime.MemStats.Mallocs` delta divided by the requests served; *peak RSS* is the server process's largest VmRSS sampled every 50 ms during the measurement. The request body is %d bytes of JSON; the answer is a 201 with a %d-byte JSON body. idem runs with `Requirement: KeyOptional` (so requests without a key pass through) and otherwise default settings.\n\n",
-		o.Duration, fmtInt(float64(o.MaxRequests)), o.Rounds, len(bodyA), len(appResponsePrefix)+4)
+	fmt.Fprintf(&b, "\n**Method.** Closed-loop load over loopback from a Go load generator (N workers, each sending its next request as soon as its previous answer arrived; keep-alive connections, a tuned `http.Transport` with `MaxIdleConnsPerHost` ≥ N). Each measurement runs %v (or at most %s requests), cut into %d slice(s) that interleave with the other systems' slices (each slice after an untimed warm-up of 2 requests per worker). Every system runs in a process of its own; in each of %d round(s) every system is measured once, in an order rotated every slice, so that outside load falls on all alike. Tables show the **median over rounds**; a ratio is the median of the per-round ratios (system ÷ its baseline measured in the same round). Latencies are per request, client side, nearest-rank percentiles. *allocs/req* is the server process's `runtime.MemStats.Mallocs` delta divided by the requests served; *peak RSS* is the server process's largest VmRSS sampled every 50 ms during the measurement. The request body is %d bytes of JSON; the answer is a 201 with a %d-byte JSON body. idem runs with `Requirement: KeyOptional` (so requests without a key pass through) and otherwise default settings.\n\n",
+		o.Duration, fmtInt(float64(o.MaxRequests)), max(1, o.Slices), o.Rounds, len(bodyA), len(appResponsePrefix)+4)
 	b.WriteString("Systems:\n\n")
 	seen := map[string]bool{}
 	for _, s := range r.matrix {
@@ -566,4 +566,44 @@ func spliceSection(doc []byte, section string) ([]byte, error) {
 	out.WriteString(section)
 	out.Write(doc[j:])
 	return out.Bytes(), nil
+}
+
+// merge combines saved runs: a later run's matrix samples, sections and
+// targets replace those of the same scenario, title or name in an earlier
+// one, and the command lines are kept in order.
+func merge(runs []saved) saved {
+	if len(runs) == 0 {
+		return saved{}
+	}
+	m := runs[0]
+	for _, r := range runs[1:] {
+		m.Command += "\n" + r.Command
+		m.Elapsed += r.Elapsed
+		m.Notes = append(m.Notes, r.Notes...)
+		scen := map[string]bool{}
+		for _, s := range r.Matrix {
+			scen[s.Scenario] = true
+		}
+		if len(scen) > 0 {
+			m.Matrix = slices.DeleteFunc(m.Matrix, func(s sample) bool { return scen[s.Scenario] })
+			m.Matrix = append(m.Matrix, r.Matrix...)
+			m.Duration, m.Rounds, m.Slices, m.Concurrency, m.MaxRequests = r.Duration, r.Rounds, r.Slices, r.Concurrency, r.MaxRequests
+		}
+		for _, sec := range r.Sections {
+			if i := slices.IndexFunc(m.Sections, func(x section) bool { return x.Title == sec.Title }); i >= 0 {
+				m.Sections[i] = sec
+			} else {
+				m.Sections = append(m.Sections, sec)
+			}
+		}
+		for _, t := range r.Targets {
+			if i := slices.IndexFunc(m.Targets, func(x target) bool { return x.Name == t.Name }); i >= 0 {
+				m.Targets[i] = t
+			} else {
+				m.Targets = append(m.Targets, t)
+			}
+		}
+		m.Machine = r.Machine
+	}
+	return m
 }

@@ -159,6 +159,11 @@ func (e *env) loadPG(ctx context.Context, schema string, n int, expired bool) (t
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+table); err != nil {
 		return 0, err
 	}
+	// Flush the load's dirty pages now, so that the checkpoint they would
+	// cause does not fall on the measurements.
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		e.o.logf("CHECKPOINT after the bulk load: %v (the measurements may overlap the next checkpoint)", err)
+	}
 	return time.Since(start), nil
 }
 
@@ -179,12 +184,14 @@ func (e *env) runScale(ctx context.Context, r *report) error {
 	var within, total int
 	var worst float64
 	var worstAt string
+	var scaleNotes []string
 	for _, st := range stores {
 		if !st.ok {
 			continue
 		}
 		var procs [2]*child
 		var loadTime [2]time.Duration
+		var schemas [2]string
 		for i, n := range sizes {
 			tag := fmt.Sprintf("scale%d", i)
 			var args []string
@@ -196,6 +203,7 @@ func (e *env) runScale(ctx context.Context, r *report) error {
 				args = []string{"-sqlite", path}
 			case sysPG:
 				schema := e.schema(tag)
+				schemas[i] = schema
 				loadTime[i], err = e.loadPG(ctx, schema, n, false)
 				args = []string{"-pg", e.o.PGURL, "-pg-schema", schema}
 			}
@@ -207,6 +215,15 @@ func (e *env) runScale(ctx context.Context, r *report) error {
 			}
 		}
 		client := newClient(conc)
+		var pgc *pgx.Conn
+		var hits, reads [2]int64
+		if st.system == sysPG {
+			var err error
+			if pgc, err = pgx.Connect(ctx, e.o.PGURL); err != nil {
+				return err
+			}
+			defer pgc.Close(context.WithoutCancel(ctx))
+		}
 		for _, path := range []string{scFirst, scReplay} {
 			var res [2][]sample
 			for round := range e.o.Rounds {
@@ -222,9 +239,18 @@ func (e *env) runScale(ctx context.Context, r *report) error {
 							return request{method: "POST", url: url, body: bodyA, key: bulkKey(rand.IntN(n))}
 						}
 					}
+					var h0, r0 int64
+					if pgc != nil && path == scReplay {
+						h0, r0 = blockStats(ctx, pgc, schemas[i])
+					}
 					sm, err := e.loadOn(ctx, procs[i], client, spec, fmt.Sprintf("scale-%s-%s-%d-r%d", st.name, path, n, round))
 					if err != nil {
 						return err
+					}
+					if pgc != nil && path == scReplay {
+						h1, r1 := blockStats(ctx, pgc, schemas[i])
+						hits[i] += h1 - h0
+						reads[i] += r1 - r0
 					}
 					e.o.logf("scale %s %s %d records: %.0f req/s p99 %s", st.name, path, n, sm.Throughput, fmtDur(sm.P99))
 					res[i] = append(res[i], sm)
@@ -254,8 +280,24 @@ func (e *env) runScale(ctx context.Context, r *report) error {
 		for _, p := range procs {
 			p.stop()
 		}
+		if pgc != nil {
+			var size int64
+			var sb string
+			_ = pgc.QueryRow(ctx, "SELECT pg_total_relation_size($1), current_setting('shared_buffers')",
+				pgx.Identifier{schemas[1], pgstore.DefaultTable}.Sanitize()).Scan(&size, &sb)
+			pct := func(i int) float64 { return 100 * float64(hits[i]) / float64(max(1, hits[i]+reads[i])) }
+			note := fmt.Sprintf("PostgreSQL: during the replay measurements %.1f%% (%s records) and %.1f%% (%s records) of the records table's heap and index block accesses were found in shared_buffers (`pg_statio_user_tables`, whose counters lag up to a second); the large table and its indexes take %d MiB, against shared_buffers = %s on this server.",
+				pct(0), fmtInt(float64(sizes[0])), pct(1), fmtInt(float64(sizes[1])), size>>20, sb)
+			if pct(1) < 95 {
+				note += " Most random replays on the large table therefore copy index and heap pages in from the operating system's page cache."
+			}
+			scaleNotes = append(scaleNotes, note)
+		}
 	}
 	if total > 0 {
+		for _, n := range scaleNotes {
+			b.WriteString("\n" + n + "\n")
+		}
 		r.add(fmt.Sprintf("Scale: %s vs %s stored records", fmtInt(float64(sizes[0])), fmtInt(float64(sizes[1]))), b.String())
 		r.addTarget(fmt.Sprintf("p99 with %s records within 1.5x of p99 with %s", fmtInt(float64(sizes[1])), fmtInt(float64(sizes[0]))),
 			fmt.Sprintf("%d of %d (store, path) within; largest ratio %.2f (%s)", within, total, worst, worstAt), verdict(within, total))
@@ -328,7 +370,7 @@ func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 func (e *env) runCleanup(ctx context.Context, r *report) error {
 	var b strings.Builder
 	n, conc, batch := e.o.CleanupRows, e.o.CleanupConcurrency, 1000
-	fmt.Fprintf(&b, "%s expired, completed records are bulk-loaded into the store's table; %d workers send first executions (new keys) through idem for %v (before), then while this process deletes the expired records with `DeleteExpired` in batches of %d until none is left (during), then for %v again (after).\n\n",
+	fmt.Fprintf(&b, "%s expired, completed records are bulk-loaded into the store's table; %d workers send first executions (new keys) through idem for %v (before), then while the server process itself (as a service's cleanup loop, such as `idem serve`'s) deletes the expired records with `DeleteExpired` in batches of %d until none is left (during), then for %v again (after).\n\n",
 		fmtInt(float64(n)), conc, e.o.Duration, batch, e.o.Duration)
 	b.WriteString("| store | phase | req/s | p50 ms | p99 ms | p99.9 ms | deletion |\n|---|---|---:|---:|---:|---:|---|\n")
 	measured := false
@@ -340,38 +382,22 @@ func (e *env) runCleanup(ctx context.Context, r *report) error {
 			continue
 		}
 		var args []string
-		var del idem.Store
-		var closeDel func()
 		switch st.system {
 		case sysSQLite:
 			path := filepath.Join(e.tmp, "cleanup.db")
 			if _, err := e.loadSQLite(ctx, path, n, true); err != nil {
 				return err
 			}
-			s, err := sqlitestore.Open(ctx, path, nil)
-			if err != nil {
-				return err
-			}
-			del, closeDel, args = s, func() { _ = s.Close() }, []string{"-sqlite", path}
+			args = []string{"-sqlite", path}
 		case sysPG:
 			schema := e.schema("cleanup")
 			if _, err := e.loadPG(ctx, schema, n, true); err != nil {
 				return err
 			}
-			pool, err := pgxpool.New(ctx, e.o.PGURL)
-			if err != nil {
-				return err
-			}
-			s, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema})
-			if err != nil {
-				pool.Close()
-				return err
-			}
-			del, closeDel, args = s, pool.Close, []string{"-pg", e.o.PGURL, "-pg-schema", schema}
+			args = []string{"-pg", e.o.PGURL, "-pg-schema", schema}
 		}
 		c, err := e.start(ctx, st.system, args...)
 		if err != nil {
-			closeDel()
 			return err
 		}
 		client := newClient(conc)
@@ -380,33 +406,20 @@ func (e *env) runCleanup(ctx context.Context, r *report) error {
 			Req: func(w, i int) request { return request{method: "POST", url: url, body: bodyA, key: e.newKey()} }}
 		beforeS, err := e.loadOn(ctx, c, client, spec, "")
 		if err != nil {
-			closeDel()
 			return err
 		}
+		// The server process deletes, with its own store, as a service's
+		// cleanup loop does.
 		done := make(chan struct{})
 		type delRes struct {
-			deleted, calls int
-			took           time.Duration
-			err            error
+			deletion
+			err error
 		}
 		dres := make(chan delRes, 1)
 		go func() {
 			defer close(done)
 			var d delRes
-			start := time.Now()
-			for {
-				k, err := del.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: batch, Now: time.Now()})
-				d.calls++
-				d.deleted += k
-				if err != nil {
-					d.err = err
-					break
-				}
-				if k < batch {
-					break
-				}
-			}
-			d.took = time.Since(start)
+			d.err = c.controlJSON(ctx, &http.Client{}, "POST", fmt.Sprintf("/delete-expired?batch=%d", batch), &d.deletion)
 			dres <- d
 		}()
 		during := spec
@@ -415,15 +428,12 @@ func (e *env) runCleanup(ctx context.Context, r *report) error {
 		duringS, err := e.loadOn(ctx, c, client, during, "cleanup-during-"+st.name)
 		d := <-dres
 		if err != nil {
-			closeDel()
 			return err
 		}
 		if d.err != nil {
-			closeDel()
 			return fmt.Errorf("cleanup: DeleteExpired: %w", d.err)
 		}
 		afterS, err := e.loadOn(ctx, c, client, spec, "")
-		closeDel()
 		c.stop()
 		if err != nil {
 			return err
@@ -432,11 +442,11 @@ func (e *env) runCleanup(ctx context.Context, r *report) error {
 			phase := []string{"traffic alone, before", "**with DeleteExpired**", "traffic alone, after"}[i]
 			note := ""
 			if i == 1 {
-				note = fmt.Sprintf("%s records in %v (%d calls, %s records/s)", fmtInt(float64(d.deleted)), d.took.Round(time.Millisecond), d.calls, fmtInt(float64(d.deleted)/d.took.Seconds()))
+				note = fmt.Sprintf("%s records in %v (%d calls, %s records/s)", fmtInt(float64(d.Deleted)), d.Took.Round(time.Millisecond), d.Calls, fmtInt(float64(d.Deleted)/d.Took.Seconds()))
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", st.name, phase, fmtInt(s.Throughput), fmtDur(s.P50), fmtDur(s.P99), fmtDur(s.P999), note)
 		}
-		e.o.logf("cleanup %s: p99 %s alone, %s with deletion (%d deleted in %v)", st.name, fmtDur(beforeS.P99), fmtDur(duringS.P99), d.deleted, d.took)
+		e.o.logf("cleanup %s: p99 %s alone, %s with deletion (%d deleted in %v)", st.name, fmtDur(beforeS.P99), fmtDur(duringS.P99), d.Deleted, d.Took)
 		measured = true
 	}
 	// memstore deletes in process; no traffic, just the cost.
@@ -540,4 +550,12 @@ func (e *env) profile(ctx context.Context, c *child, label string) func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		_ = cmd.Wait()
 	}
+}
+
+// blockStats returns the shared-buffer hits and reads of the records
+// table's heap and indexes in schema, from pg_statio_user_tables.
+func blockStats(ctx context.Context, c *pgx.Conn, schema string) (hits, reads int64) {
+	_ = c.QueryRow(ctx, `SELECT coalesce(heap_blks_hit, 0) + coalesce(idx_blks_hit, 0), coalesce(heap_blks_read, 0) + coalesce(idx_blks_read, 0)
+		FROM pg_statio_user_tables WHERE schemaname = $1 AND relname = $2`, schema, pgstore.DefaultTable).Scan(&hits, &reads)
+	return hits, reads
 }

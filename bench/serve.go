@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/idemhq/idem/sqlitestore"
@@ -419,7 +418,6 @@ func (e *env) runCheck(ctx context.Context, r *report) error {
 	var b strings.Builder
 	body := `{"amountCents":100,"currency":"USD","reference":"t"}`
 	b.WriteString("`idem check` (built from cmd/idem) run against each system's `POST /api/payments`, served by a process of this harness. Fiber's middleware is configured with the standard header name `Idempotency-Key` and a validator accepting any key up to 255 bytes (its default wants exactly 36 characters), memory storage and lock (its defaults); idem runs with its defaults (a key is required on POST). In both, the handler's answer carries an execution counter, so that the checks can tell a replay from a second execution.\n\n")
-	var mu sync.Mutex
 	for _, sys := range []string{sysFiberIdem, sysMem} {
 		c, err := e.start(ctx, sys, append(e.systemArgs(sys, "check"), "-check")...)
 		if err != nil {
@@ -436,10 +434,8 @@ func (e *env) runCheck(ctx context.Context, r *report) error {
 			return err
 		}
 		c.stop()
-		mu.Lock()
 		fmt.Fprintf(&b, "**`%s`** (%s) — `idem check --body '%s' http://127.0.0.1:PORT/api/payments`, exit status %d:\n\n```\n%s\n```\n\n",
 			sys, systemNotes[sys], body, code, strings.TrimSpace(string(out)))
-		mu.Unlock()
 		e.o.logf("check %s: exit %d", sys, code)
 	}
 	r.add("`idem check` against Fiber v3's idempotency middleware", b.String())

@@ -225,11 +225,41 @@ func runServeSystem(ctx context.Context, args []string) error {
 	go func() { _ = ctlSrv.Serve(ctlLn) }()
 	defer ctlSrv.Close()
 
-	serve, closeFn, err := buildSystem(ctx, o, g)
+	serve, store, closeFn, err := buildSystem(ctx, o, g)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
+	// delete-expired runs DeleteExpired in batches until none is left,
+	// inside this process, as a service's own cleanup loop does (`idem
+	// serve` runs one), and reports what it did.
+	ctl.HandleFunc("POST /delete-expired", func(w http.ResponseWriter, r *http.Request) {
+		if store == nil {
+			http.Error(w, "no store", http.StatusNotFound)
+			return
+		}
+		batch, err := strconv.Atoi(r.URL.Query().Get("batch"))
+		if err != nil || batch < 1 {
+			http.Error(w, "batch must be a positive number", http.StatusBadRequest)
+			return
+		}
+		var res deletion
+		start := time.Now()
+		for {
+			n, err := store.DeleteExpired(r.Context(), idem.DeleteExpiredParams{Limit: batch, Now: time.Now()})
+			res.Calls++
+			res.Deleted += n
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if n < batch {
+				break
+			}
+		}
+		res.Took = time.Since(start)
+		_ = json.NewEncoder(w).Encode(res)
+	})
 	if err := json.NewEncoder(os.Stdout).Encode(ready{Addr: ln.Addr().String(), Ctl: ctlLn.Addr().String()}); err != nil {
 		return err
 	}
@@ -243,36 +273,43 @@ func runServeSystem(ctx context.Context, args []string) error {
 	}
 }
 
-// buildSystem returns a function serving the system on a listener, and a
-// function releasing its resources.
-func buildSystem(ctx context.Context, o serverOpts, g *gate) (func(net.Listener) error, func(), error) {
+// deletion is what a delete-expired control call did.
+type deletion struct {
+	Deleted, Calls int
+	Took           time.Duration
+}
+
+// buildSystem returns a function serving the system on a listener, its
+// idem store (nil for systems without one), and a function releasing its
+// resources.
+func buildSystem(ctx context.Context, o serverOpts, g *gate) (func(net.Listener) error, idem.Store, func(), error) {
 	switch o.system {
 	case sysFiberBare, sysFiberIdem:
 		app := fiberApp(o.system == sysFiberIdem, g)
 		return func(ln net.Listener) error {
 			return app.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true})
-		}, func() { _ = app.Shutdown() }, nil
+		}, nil, func() { _ = app.Shutdown() }, nil
 	}
-	h, closeFn, err := buildHandler(ctx, o, g)
+	h, store, closeFn, err := buildHandler(ctx, o, g)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 5 * time.Minute}
-	return srv.Serve, func() { _ = srv.Close(); closeFn() }, nil
+	return srv.Serve, store, func() { _ = srv.Close(); closeFn() }, nil
 }
 
 // quietLogger drops idem's log records: a benchmark run logs nothing per
 // request, and the 409 path would otherwise log nothing anyway.
 var quietLogger = slog.New(slog.DiscardHandler)
 
-// buildHandler returns the net/http handler of a system.
-func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, func(), error) {
+// buildHandler returns the net/http handler of a system and its store.
+func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, idem.Store, func(), error) {
 	noop := func() {}
 	mux := http.NewServeMux()
 	if o.system == sysBare {
 		mux.HandleFunc(patternCreate, appHandler)
 		mux.HandleFunc("POST "+pathSlow, g.slowHandler)
-		return mux, noop, nil
+		return mux, nil, noop, nil
 	}
 	var (
 		store   idem.Store
@@ -282,60 +319,60 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, fun
 	case sysMem:
 		s, err := memstore.New(&memstore.Config{MaxRecords: 1 << 24})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		store = s
 	case sysSQLite, sysRawSQLite:
 		s, err := sqlitestore.Open(ctx, o.sqlitePath, nil)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		store, closeFn = s, func() { _ = s.Close() }
 		if o.system == sysRawSQLite {
-			return rawSQLiteHandler(s), closeFn, nil
+			return rawSQLiteHandler(s), s, closeFn, nil
 		}
 	case sysPG, sysRawPG:
 		cfg, err := pgxpool.ParseConfig(o.pgURL)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		cfg.MaxConns = int32(o.pgConns)
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		s, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: o.pgSchema})
 		if err != nil {
 			pool.Close()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		store, closeFn = s, pool.Close
 		if o.system == sysRawPG {
-			return rawPGHandler(pool, o.pgSchema), closeFn, nil
+			return rawPGHandler(pool, o.pgSchema), s, closeFn, nil
 		}
 	case sysRedis, sysRawRedis:
 		opts, err := redis.ParseURL(o.redisURL)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		opts.PoolSize = 160 // more than the most workers: the pool is not what is measured
 		client := redis.NewClient(opts)
 		s, err := redisstore.New(client, &redisstore.Config{Prefix: o.redisPrefix})
 		if err != nil {
 			client.Close()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		store, closeFn = s, func() { _ = client.Close() }
 		if o.system == sysRawRedis {
 			h, err := rawRedisHandler(ctx, client, o.redisPrefix)
 			if err != nil {
 				client.Close()
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
-			return h, closeFn, nil
+			return h, s, closeFn, nil
 		}
 	default:
-		return nil, nil, fmt.Errorf("unknown system %q", o.system)
+		return nil, nil, nil, fmt.Errorf("unknown system %q", o.system)
 	}
 	req := idem.KeyOptional
 	if o.check {
@@ -344,11 +381,11 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, fun
 	mw, err := idem.NewMiddleware(store, &idem.Config{Requirement: req, Logger: quietLogger})
 	if err != nil {
 		closeFn()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	mux.Handle(patternCreate, mw.Handle(http.HandlerFunc(appHandler)))
 	mux.Handle("POST "+pathSlow, mw.Handle(http.HandlerFunc(g.slowHandler)))
-	return mux, closeFn, nil
+	return mux, store, closeFn, nil
 }
 
 // fiberApp is the Fiber v3 application: the same answer as appHandler,
