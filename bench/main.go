@@ -228,7 +228,9 @@ func run(ctx context.Context, o *options) (string, error) {
 			}
 			all = append(all, s)
 		}
-		return render(restore(merge(all), o))
+		m := merge(all)
+		m.Command += "\n" + o.Command
+		return render(restore(m, o))
 	}
 	e, err := newEnv(ctx, o)
 	if err != nil {

@@ -49,8 +49,8 @@ const (
 	patternCreate = "POST " + pathPayments
 )
 
-// appResponse is what the application handler answers: a small JSON body,
-// as a payment API would.
+// appResponsePrefix starts what the application handler answers: a small
+// JSON body, as a payment API would.
 var appResponsePrefix = []byte(`{"id":"pay_123","status":"succeeded","amountCents":2599,"currency":"USD","bytes":`)
 
 // appHandler is the application: it reads the body and answers 201 with a
@@ -203,12 +203,6 @@ func runServeSystem(ctx context.Context, args []string) error {
 		runtime.ReadMemStats(&ms)
 		_ = json.NewEncoder(w).Encode(stats{Mallocs: ms.Mallocs, TotalAlloc: ms.TotalAlloc, HeapInuse: ms.HeapInuse, NumGC: ms.NumGC})
 	})
-	ctl.HandleFunc("POST /gc", func(w http.ResponseWriter, r *http.Request) {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		_ = json.NewEncoder(w).Encode(stats{Mallocs: ms.Mallocs, TotalAlloc: ms.TotalAlloc, HeapInuse: ms.HeapInuse, NumGC: ms.NumGC})
-	})
 	ctl.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) { g.release() })
 	// await-slow answers once a slow request is held (or 503 after 30 s).
 	ctl.HandleFunc("POST /await-slow", func(w http.ResponseWriter, r *http.Request) {
@@ -298,8 +292,8 @@ func buildSystem(ctx context.Context, o serverOpts, g *gate) (func(net.Listener)
 	return srv.Serve, store, func() { _ = srv.Close(); closeFn() }, nil
 }
 
-// quietLogger drops idem's log records: a benchmark run logs nothing per
-// request, and the 409 path would otherwise log nothing anyway.
+// quietLogger drops idem's log records (store failures, take-overs): the
+// systems are measured without logging, as the bare handler runs.
 var quietLogger = slog.New(slog.DiscardHandler)
 
 // buildHandler returns the net/http handler of a system and its store.
