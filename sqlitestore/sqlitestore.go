@@ -86,7 +86,7 @@ type Store struct {
 	reader *sql.DB
 	table  string
 	maxLen int
-	q      queries
+	st     statements
 }
 
 var (
@@ -145,7 +145,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	writer.SetConnMaxLifetime(0)
 	writer.SetConnMaxIdleTime(0)
 
-	s := &Store{writer: writer, table: c.Table, maxLen: c.MaxResponseBytes, q: newQueries(c.Table)}
+	s := &Store{writer: writer, table: c.Table, maxLen: c.MaxResponseBytes}
 	if err := s.migrate(ctx); err != nil {
 		writer.Close()
 		return nil, err
@@ -160,12 +160,22 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	reader.SetMaxOpenConns(c.ReadConns)
 	reader.SetMaxIdleConns(c.ReadConns)
 	s.reader = reader
+	if err := s.prepare(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("sqlitestore: prepare: %w", err)
+	}
 	return s, nil
 }
 
-// Close closes the store's connections.
+// Close closes the store's statements and connections.
 func (s *Store) Close() error {
-	return errors.Join(s.reader.Close(), s.writer.Close())
+	errs := []error{}
+	for _, st := range s.st.all() {
+		if st != nil {
+			errs = append(errs, st.Close())
+		}
+	}
+	return errors.Join(append(errs, s.reader.Close(), s.writer.Close())...)
 }
 
 // DB returns the store's writer: the single read-write connection pool of
@@ -229,26 +239,55 @@ const (
 	stateCompleted = 2
 )
 
-type queries struct {
-	get, insert, takeOver, renew, complete, release, deleteExpired string
+// statements are prepared once: parsing the SQL on every call was over a
+// third of a replay's claim. database/sql keeps each prepared per
+// connection, and the writer has only one.
+type statements struct {
+	get, getRead, insert, takeOver, renew, complete, release, deleteExpired *sql.Stmt
 }
 
-func newQueries(t string) queries {
-	return queries{
-		get: `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t +
-			` WHERE scope = ? AND key = ?`,
-		insert: `INSERT OR REPLACE INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
-			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)`,
-		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?
-			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?`,
-		renew: `UPDATE ` + t + ` SET lease_until = ?
-			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
-		complete: `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
-			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
-		release: `DELETE FROM ` + t + ` WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
-		deleteExpired: `DELETE FROM ` + t + ` WHERE (scope, key) IN
-			(SELECT scope, key FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`,
+func (st *statements) all() []*sql.Stmt {
+	return []*sql.Stmt{st.get, st.getRead, st.insert, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired}
+}
+
+func (s *Store) prepare(ctx context.Context) error {
+	t := s.table
+	get := `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`
+	writes := []struct {
+		dst  **sql.Stmt
+		text string
+	}{
+		{&s.st.get, get},
+		{&s.st.insert, `INSERT OR REPLACE INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
+			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)`},
+		{&s.st.takeOver, `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?
+			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?`},
+		{&s.st.renew, `UPDATE ` + t + ` SET lease_until = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`},
+		{&s.st.complete, `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`},
+		{&s.st.release, `DELETE FROM ` + t + ` WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`},
+		{&s.st.deleteExpired, `DELETE FROM ` + t + ` WHERE (scope, key) IN
+			(SELECT scope, key FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`},
 	}
+	for _, w := range writes {
+		st, err := s.writer.PrepareContext(ctx, w.text)
+		if err != nil {
+			return err
+		}
+		*w.dst = st
+	}
+	var err error
+	s.st.getRead, err = s.reader.PrepareContext(ctx, get)
+	return err
+}
+
+// in returns st bound to tx when there is one.
+func in(ctx context.Context, tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
+	if tx == nil {
+		return st
+	}
+	return tx.StmtContext(ctx, st)
 }
 
 // row is a record as read from the table.
@@ -260,13 +299,9 @@ type row struct {
 	response    []byte
 }
 
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-func (s *Store) get(ctx context.Context, q querier, scope, key string) (row, bool, error) {
+func get(ctx context.Context, st *sql.Stmt, scope, key string) (row, bool, error) {
 	var r row
-	err := q.QueryRowContext(ctx, s.q.get, scope, key).Scan(&r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &r.response)
+	err := st.QueryRowContext(ctx, scope, key).Scan(&r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &r.response)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}
@@ -311,7 +346,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	}
 	now := p.Now.UnixNano()
 	// Duplicates are answered by a read, without the write lock.
-	r, found, err := s.get(ctx, s.reader, p.Scope, p.Key)
+	r, found, err := get(ctx, s.st.getRead, p.Scope, p.Key)
 	if err != nil {
 		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
@@ -321,61 +356,48 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 
 	// The record is absent, expired or abandoned: decide again under the
 	// write lock, and write.
-	wait := ctx
-	if found && now < r.expiresAt {
+	wctx := ctx
+	takeOver := found && now < r.expiresAt
+	if takeOver {
 		// Taking over an in-flight record whose lease looks expired. If
 		// someone holds the write lock, it is most likely the owner, whose
-		// renewals inside its open transaction are not visible yet:
-		// answer "in progress" rather than queue behind it.
+		// renewals inside its open transaction are not visible yet: the
+		// whole take-over gets takeOverWait, and otherwise the answer is
+		// "in progress" rather than a wait behind the owner.
 		var cancel context.CancelFunc
-		wait, cancel = context.WithTimeout(ctx, takeOverWait)
+		wctx, cancel = context.WithTimeout(ctx, takeOverWait)
 		defer cancel()
 	}
-	conn, err := s.beginImmediate(wait)
+	res, err := s.claimLocked(wctx, p, now)
 	if err != nil {
-		if wait != ctx && ctx.Err() == nil && wait.Err() != nil {
+		if takeOver && ctx.Err() == nil && wctx.Err() != nil {
+			// Nothing was taken over (or, if the commit raced the
+			// deadline, a take-over nobody runs, which the next claim
+			// takes over again after the lease).
 			return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: idem.Record{
 				State: idem.StateInFlight, Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt), LeaseExpiresAt: nanos(r.leaseUntil),
 			}}, nil
 		}
 		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
-	defer conn.Close()
-	res, err := s.claimLocked(ctx, conn, p, now)
-	if err == nil {
-		_, err = conn.ExecContext(ctx, "COMMIT")
-	}
-	if err != nil {
-		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
-	}
 	return res, nil
 }
 
 // takeOverWait bounds how long a claim that would take over an abandoned
-// record waits for the write lock before answering "in progress".
+// record may take, waiting for the write lock included, before it answers
+// "in progress".
 const takeOverWait = 100 * time.Millisecond
 
-// beginImmediate takes the writer connection and the file's write lock,
-// waiting for both no longer than wait allows. The transaction is begun
-// with an explicit BEGIN IMMEDIATE on the connection, not with BeginTx,
-// because database/sql rolls a transaction back when the context it was
-// begun with ends, and wait may end before the claim does.
-func (s *Store) beginImmediate(wait context.Context) (*sql.Conn, error) {
-	conn, err := s.writer.Conn(wait)
+// claimLocked decides and writes a claim in an immediate transaction (the
+// writer's DSN sets _txlock=immediate), so the decision is made under the
+// write lock.
+func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64) (idem.ClaimResult, error) {
+	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, err
+		return idem.ClaimResult{}, err
 	}
-	if _, err := conn.ExecContext(wait, "BEGIN IMMEDIATE"); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return conn, nil
-}
-
-// claimLocked decides and writes a claim under the write lock.
-func (s *Store) claimLocked(ctx context.Context, conn *sql.Conn, p idem.ClaimParams, now int64) (idem.ClaimResult, error) {
-	r, found, err := s.get(ctx, conn, p.Scope, p.Key)
+	defer tx.Rollback()
+	r, found, err := get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key)
 	if err != nil {
 		return idem.ClaimResult{}, err
 	}
@@ -388,7 +410,7 @@ func (s *Store) claimLocked(ctx context.Context, conn *sql.Conn, p idem.ClaimPar
 	}}
 	if found && now < r.expiresAt {
 		// An in-flight record with the same fingerprint whose lease ended.
-		n, err := execRows(ctx, conn, s.q.takeOver, p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now)
+		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.takeOver), p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now)
 		if err != nil {
 			return idem.ClaimResult{}, err
 		}
@@ -396,20 +418,17 @@ func (s *Store) claimLocked(ctx context.Context, conn *sql.Conn, p idem.ClaimPar
 			return idem.ClaimResult{}, errors.New("take-over changed no row under the write lock")
 		}
 		res.TookOver = true
-		return res, nil
+	} else if _, err := tx.StmtContext(ctx, s.st.insert).ExecContext(ctx, p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires); err != nil {
+		return idem.ClaimResult{}, err
 	}
-	if _, err := conn.ExecContext(ctx, s.q.insert, p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires); err != nil {
+	if err := tx.Commit(); err != nil {
 		return idem.ClaimResult{}, err
 	}
 	return res, nil
 }
 
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-func execRows(ctx context.Context, e execer, q string, args ...any) (int64, error) {
-	res, err := e.ExecContext(ctx, q, args...)
+func execRows(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
+	res, err := st.ExecContext(ctx, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -418,8 +437,8 @@ func execRows(ctx context.Context, e execer, q string, args ...any) (int64, erro
 
 // fenced runs a statement that changes only a record owned by token, and
 // turns "no such row" into idem.ErrLeaseLost.
-func fenced(ctx context.Context, e execer, op, q string, args ...any) error {
-	n, err := execRows(ctx, e, q, args...)
+func fenced(ctx context.Context, st *sql.Stmt, op string, args ...any) error {
+	n, err := execRows(ctx, st, args...)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: %s: %w", op, err)
 	}
@@ -431,16 +450,16 @@ func fenced(ctx context.Context, e execer, op, q string, args ...any) error {
 
 // Renew implements idem.Store.
 func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
-	return s.renew(ctx, s.writer, p)
+	return s.renew(ctx, nil, p)
 }
 
-func (s *Store) renew(ctx context.Context, e execer, p idem.RenewParams) error {
-	return fenced(ctx, e, "renew", s.q.renew, p.Now.Add(p.Lease).UnixNano(), p.Scope, p.Key, p.Token, p.Now.UnixNano())
+func (s *Store) renew(ctx context.Context, tx *sql.Tx, p idem.RenewParams) error {
+	return fenced(ctx, in(ctx, tx, s.st.renew), "renew", p.Now.Add(p.Lease).UnixNano(), p.Scope, p.Key, p.Token, p.Now.UnixNano())
 }
 
 // Complete implements idem.Store.
 func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
-	return s.complete(ctx, s.writer, p)
+	return s.complete(ctx, nil, p)
 }
 
 // CompleteTx completes the record inside the caller's transaction, which
@@ -453,7 +472,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParam
 	return s.complete(ctx, tx, p)
 }
 
-func (s *Store) complete(ctx context.Context, e execer, p idem.CompleteParams) error {
+func (s *Store) complete(ctx context.Context, tx *sql.Tx, p idem.CompleteParams) error {
 	if p.Response == nil {
 		return errors.New("sqlitestore: complete needs a response")
 	}
@@ -464,12 +483,12 @@ func (s *Store) complete(ctx context.Context, e execer, p idem.CompleteParams) e
 	if err != nil {
 		return fmt.Errorf("sqlitestore: complete: %w", err)
 	}
-	return fenced(ctx, e, "complete", s.q.complete, enc, p.Scope, p.Key, p.Token, p.Now.UnixNano())
+	return fenced(ctx, in(ctx, tx, s.st.complete), "complete", enc, p.Scope, p.Key, p.Token, p.Now.UnixNano())
 }
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	return fenced(ctx, s.writer, "release", s.q.release, p.Scope, p.Key, p.Token, p.Now.UnixNano())
+	return fenced(ctx, s.st.release, "release", p.Scope, p.Key, p.Token, p.Now.UnixNano())
 }
 
 // DeleteExpired implements idem.Store. Each call is one short write
@@ -478,7 +497,7 @@ func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (
 	if p.Limit <= 0 {
 		return 0, errors.New("sqlitestore: DeleteExpired needs a positive limit")
 	}
-	n, err := execRows(ctx, s.writer, s.q.deleteExpired, p.Now.UnixNano(), p.Limit)
+	n, err := execRows(ctx, s.st.deleteExpired, p.Now.UnixNano(), p.Limit)
 	if err != nil {
 		return 0, fmt.Errorf("sqlitestore: delete expired: %w", err)
 	}
