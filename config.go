@@ -300,6 +300,9 @@ type RequestInfo struct {
 	// TookOver reports that this execution took over a record whose
 	// previous owner's lease had expired.
 	TookOver bool
+	// Payload is what Config.FingerprintFunc returned for this request
+	// (the validated, normalised payload), or nil. Read-only.
+	Payload []byte
 }
 
 // InfoFromContext returns the RequestInfo of the idempotent execution that

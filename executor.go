@@ -93,6 +93,10 @@ type DoParams struct {
 	FingerprintAt func(version string) (string, bool)
 	// Operation names the operation in events and logs. Optional.
 	Operation string
+	// Payload, if set, is handed to the operation in RequestInfo.Payload:
+	// the middleware puts there what Config.FingerprintFunc returned, so
+	// that a handler need not validate and normalise its body twice.
+	Payload []byte
 }
 
 // Result is the outcome of Executor.Do. Do always returns a non-nil Result,
@@ -245,7 +249,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	x := &execution{}
 	ec := &x.ctx
 	ec.Context = cancelCtx
-	ec.info = RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver}
+	ec.info = RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload}
 	var opCtx context.Context = ec
 	var holder *txHolder
 	if e.txStore != nil {

@@ -131,7 +131,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		}
 	}
-	fp, err := m.fingerprint(r, op, body)
+	fp, payload, err := m.fingerprint(r, op, body)
 	if err != nil {
 		m.reject(w, r, op, start, asProblem(err, CodeBodyInvalid, "The request body is invalid"))
 		return
@@ -139,7 +139,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	var rec *recorder
 	ran := false
-	res, err := m.exec.do(r.Context(), DoParams{Scope: m.scope(r, tenant, op), Key: key, Fingerprint: fp, Operation: op},
+	res, err := m.exec.do(r.Context(), DoParams{Scope: m.scope(r, tenant, op), Key: key, Fingerprint: fp, Operation: op, Payload: payload},
 		func(ctx context.Context) (*Response, error) {
 			ran = true
 			info, _ := InfoFromContext(ctx)
@@ -288,19 +288,23 @@ func (m *Middleware) readBody(r *http.Request, rb *replayBody) ([]byte, *Problem
 	return body, nil
 }
 
-func (m *Middleware) fingerprint(r *http.Request, op string, body []byte) (string, error) {
+// fingerprint returns the request's fingerprint and the payload the
+// application's FingerprintFunc chose, if any.
+func (m *Middleware) fingerprint(r *http.Request, op string, body []byte) (string, []byte, error) {
 	in := FingerprintInput{Method: r.Method, Operation: op, Target: r.URL.RequestURI(),
 		ContentType: r.Header.Get("Content-Type"), Body: body}
+	var payload []byte
 	if m.cfg.FingerprintFunc != nil {
-		payload, err := m.cfg.FingerprintFunc(r, body)
-		if err != nil {
-			return "", err
+		var err error
+		if payload, err = m.cfg.FingerprintFunc(r, body); err != nil {
+			return "", nil, err
 		}
 		if payload != nil {
 			in.Body, in.Payload = payload, true
 		}
 	}
-	return Fingerprint(in)
+	fp, err := Fingerprint(in)
+	return fp, payload, err
 }
 
 // asProblem returns err itself if it is a *Problem, or a 400 problem with
@@ -327,16 +331,18 @@ func formatExpiry(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// writeResponse sends resp with the given header fields (the handler's own
-// on a first execution, the stored ones on a replay) added to those idem
-// already set.
+// writeResponse sends resp with the given header fields (the stored ones on
+// a replay) added to those idem already set. The stored value slices are
+// shared, capped to their length: a later append by another handler copies
+// instead of writing into the store's record. (net/http itself copies the
+// header map when the status is written.)
 func writeResponse(w http.ResponseWriter, resp *Response, header http.Header) {
 	h := w.Header()
 	for k, vs := range header {
 		if _, ours := h[k]; ours && (k == HeaderKey || k == HeaderReplayed || k == HeaderExpiresAt) {
 			continue
 		}
-		h[k] = slices.Clone(vs)
+		h[k] = vs[:len(vs):len(vs)]
 	}
 	w.WriteHeader(resp.StatusCode)
 	if len(resp.Body) > 0 {

@@ -120,7 +120,11 @@ func TestRequestTooLarge(t *testing.T) {
 // the key.
 func TestFingerprintFunc(t *testing.T) {
 	t.Parallel()
-	b := setup(t, created, &options{cfg: &idem.Config{FingerprintFunc: func(r *http.Request, body []byte) ([]byte, error) {
+	b := setup(t, func(w http.ResponseWriter, r *http.Request) {
+		info, _ := idem.InfoFromContext(r.Context())
+		w.WriteHeader(201)
+		fmt.Fprintf(w, "payload %s at %d", info.Payload, time.Now().UnixNano())
+	}, &options{cfg: &idem.Config{FingerprintFunc: func(r *http.Request, body []byte) ([]byte, error) {
 		var p struct{ Currency string }
 		if err := json.Unmarshal(body, &p); err != nil || len(p.Currency) != 3 {
 			return nil, &idem.Problem{Status: 400, Code: "validation_failed", Title: "Invalid payment",
@@ -133,6 +137,9 @@ func TestFingerprintFunc(t *testing.T) {
 		t.Fatalf("invalid payload: %d %s", r.status, r.body)
 	}
 	first := b.post(`{"currency":"usd"}`, "k")
+	if !bytes.Contains(first.body, []byte(`payload USD`)) {
+		t.Errorf("the handler did not receive the normalised payload: %s", first.body)
+	}
 	second := b.post(`{"currency":"USD"}`, "k")
 	if first.status != 201 || second.header.Get(idem.HeaderReplayed) != "true" || b.calls.Load() != 1 {
 		t.Fatalf("usd then USD: %d, %d, replayed %q", first.status, second.status, second.header.Get(idem.HeaderReplayed))

@@ -18,6 +18,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	store := f.String("store", "idem.db", "the records store: a SQLite file path, a postgres:// URL or a redis:// URL")
 	batch := f.Int("batch", 1000, "records deleted per statement")
 	maxBatches := f.Int("max-batches", 0, "stop after this many batches (0: until none are left)")
+	pace := f.Bool("pace", false, "pause after each batch as long as it took, leaving the store to\ntraffic half of the time")
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -30,7 +31,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitError
 	}
 	defer s.Close()
-	n, err := deleteExpired(ctx, s, *batch, *maxBatches)
+	n, err := deleteExpired(ctx, s, *batch, *maxBatches, *pace)
 	fmt.Fprintf(stdout, "deleted %d expired records from %s\n", n, s.Where)
 	if err != nil {
 		fmt.Fprintf(stderr, "idem cleanup: %v\n", err)

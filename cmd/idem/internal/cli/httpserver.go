@@ -57,8 +57,11 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slo
 }
 
 // accessLog logs one line per request. The idempotency key is logged as a
-// short hash, never in clear.
-func accessLog(logger *slog.Logger, next http.Handler) http.Handler {
+// short hash, never in clear. With on false it returns next unchanged.
+func accessLog(logger *slog.Logger, on bool, next http.Handler) http.Handler {
+	if !on {
+		return next
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &metrics.StatusWriter{ResponseWriter: w}
@@ -122,7 +125,7 @@ func cleanupLoop(ctx context.Context, s idem.Store, every time.Duration, logger 
 			return
 		case <-t.C:
 		}
-		n, err := deleteExpired(ctx, s, 1000, 0)
+		n, err := deleteExpired(ctx, s, 1000, 0, true)
 		if err != nil {
 			logger.Warn("cleanup of expired records failed", "error", err)
 		} else if n > 0 {
@@ -132,17 +135,30 @@ func cleanupLoop(ctx context.Context, s idem.Store, every time.Duration, logger 
 }
 
 // deleteExpired deletes expired records in batches of batch until a batch
-// comes back short (or maxBatches, if positive, were run).
-func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int) (int, error) {
+// comes back short (or maxBatches, if positive, were run). With pace set it
+// pauses after each batch as long as the batch took, so that traffic gets
+// the store (SQLite has a single write lock) at least half of the time
+// while a large backlog is deleted.
+func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int, pace bool) (int, error) {
 	total := 0
 	for i := 0; maxBatches <= 0 || i < maxBatches; i++ {
-		n, err := s.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: batch, Now: time.Now()})
+		start := time.Now()
+		n, err := s.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: batch, Now: start})
 		total += n
 		if err != nil {
 			return total, err
 		}
 		if n < batch {
 			break
+		}
+		if pace {
+			t := time.NewTimer(time.Since(start))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return total, ctx.Err()
+			case <-t.C:
+			}
 		}
 	}
 	return total, nil

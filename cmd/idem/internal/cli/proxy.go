@@ -52,6 +52,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	maxResponse := proxy.SizeFlag(idem.DefaultMaxResponseBody)
 	f.Var(&maxResponse, "max-response-body", "largest response stored for replay; a larger one reaches the client\nbut a retry gets 409 response_unavailable")
 	logFormat := f.String("log-format", "text", "log format: text or json")
+	accessLogOn := f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests")
 	cleanupEvery := f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)")
 	if code, ok := f.parse(args); !ok {
 		return code
@@ -170,14 +171,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	adminErr := make(chan error, 1)
 	if adminLn != nil {
 		go func() {
-			err := serveHTTP(sctx, adminLn, accessLog(logger, admin), logger, 0)
+			err := serveHTTP(sctx, adminLn, accessLog(logger, *accessLogOn, admin), logger, 0)
 			stop()
 			adminErr <- err
 		}()
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, handler), logger, px.MaxHandlerTime())
+	err = serveHTTP(sctx, ln, accessLog(logger, *accessLogOn, handler), logger, px.MaxHandlerTime())
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {

@@ -33,6 +33,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
 	wait := f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once")
 	logFormat := f.String("log-format", "text", "log format: text or json")
+	accessLogOn := f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests")
 	cleanupEvery := f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)")
 	if code, ok := f.parse(args); !ok {
 		return code
@@ -128,7 +129,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer stopCleanup()
 	go cleanupLoop(cctx, records, *cleanupEvery, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, mux), logger, *opDelay); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *accessLogOn, mux), logger, *opDelay); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}

@@ -5,12 +5,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/sqlitestore"
 )
 
 // syncBuffer is a goroutine-safe bytes.Buffer for a command's output.
@@ -173,5 +177,33 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	errs = syncBuffer{}
 	if code := Main(context.Background(), []string{"serve"}, io.Discard, &errs); code != exitUsage || !strings.Contains(errs.String(), "IDEM_LEASE") {
 		t.Errorf("bad IDEM_LEASE: exit %d, %s", code, errs.String())
+	}
+}
+
+func TestCleanupCommand(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "c.db")
+	// Three records whose retention ended an hour ago, one live.
+	st, err := sqlitestore.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, age := range []time.Duration{2 * time.Hour, 2 * time.Hour, 2 * time.Hour, 0} {
+		_, err := st.Claim(context.Background(), idem.ClaimParams{Scope: "s", Key: fmt.Sprint(i), Fingerprint: "v1:x",
+			Token: "t", Lease: time.Minute, TTL: time.Hour, Now: time.Now().Add(-age)})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+	var out, errs syncBuffer
+	if code := Main(context.Background(), []string{"cleanup", "--store", path, "--batch", "10", "--pace"}, &out, &errs); code != exitOK {
+		t.Fatalf("cleanup: exit %d: %s", code, errs.String())
+	}
+	if !strings.Contains(out.String(), "deleted 3 expired records") {
+		t.Errorf("cleanup output: %q", out.String())
+	}
+	if code := Main(context.Background(), []string{"cleanup", "--batch", "0"}, io.Discard, io.Discard); code != exitUsage {
+		t.Errorf("--batch 0: exit %d", code)
 	}
 }

@@ -210,14 +210,8 @@ func Tenant(r *http.Request) (string, error) {
 
 // Create handles POST /api/payments, behind the idem middleware.
 func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
-	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "payment.unreadable", "The request body could not be read", err.Error())
-		return
-	}
-	n, p := Validate(body)
-	if p != nil {
-		idem.WriteProblem(w, p)
+	n, ok := s.request(w, r)
+	if !ok {
 		return
 	}
 	tenant, err := Tenant(r)
@@ -286,6 +280,29 @@ func (s *Service) Count(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprintf(w, "{\"count\":%d}\n", n)
+}
+
+// request returns the validated, normalised payment request: the one the
+// middleware's FingerprintFunc (Fingerprint) already produced, or, outside
+// the middleware, the body validated here.
+func (s *Service) request(w http.ResponseWriter, r *http.Request) (normalised, bool) {
+	var n normalised
+	if info, ok := idem.InfoFromContext(r.Context()); ok && info.Payload != nil {
+		if err := json.Unmarshal(info.Payload, &n); err == nil {
+			return n, true
+		}
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "payment.unreadable", "The request body could not be read", err.Error())
+		return n, false
+	}
+	n, p := Validate(body)
+	if p != nil {
+		idem.WriteProblem(w, p)
+		return n, false
+	}
+	return n, true
 }
 
 func (s *Service) now() time.Time {
