@@ -61,6 +61,19 @@ type Config struct {
 	// Use it where the application's database user may not run DDL.
 	// Defaults to false: New migrates.
 	SkipMigrate bool
+
+	// AsyncClaim commits a claim without waiting for its WAL flush
+	// (synchronous_commit off for that one statement), saving one flush
+	// per first execution. Duplicates still see the claim at once, and
+	// the completion, which commits synchronously, flushes the claim with
+	// it. What it gives up: if the PostgreSQL server itself crashes within
+	// wal_writer_delay (200 ms by default) of a claim, the claim can be
+	// lost, so a retry may run again an operation whose effects outside
+	// this database already happened. Safe, and worth it, when the
+	// operation's effects are written in this database through
+	// Tx/CompleteTx: they commit synchronously, after the claim. Defaults
+	// to false.
+	AsyncClaim bool
 }
 
 // Store is an idem.Store on PostgreSQL, shared by every instance of a
@@ -86,6 +99,7 @@ type Store struct {
 	noAdvisoryLock bool
 
 	claimSQL, renewSQL, completeSQL, releaseSQL, deleteExpiredSQL string
+	asyncClaim                                                    bool
 }
 
 var (
@@ -150,6 +164,7 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 		schema:     pgx.Identifier{c.Schema}.Sanitize(),
 		table:      pgx.Identifier{c.Schema, c.Table}.Sanitize(),
 		migrations: pgx.Identifier{c.Schema, migrationsTable}.Sanitize(),
+		asyncClaim: c.AsyncClaim,
 	}
 	r := strings.NewReplacer(
 		"{schema}", s.schema,
@@ -172,6 +187,15 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 // would be the transaction's start.
 func (s *Store) prepareSQL() {
 	t := s.table
+	// With AsyncClaim the claim's own transaction (the statement) commits
+	// with synchronous_commit off: set_config(..., true) lasts until the
+	// end of the transaction, and the commit reads it. It is evaluated only
+	// when the INSERT's row is produced, that is when the claim writes.
+	asyncClaim := ""
+	if s.asyncClaim {
+		asyncClaim = `
+	  AND set_config('synchronous_commit', 'off', true) = 'off'`
+	}
 	// Claim is one statement and, in the normal case, one round trip.
 	//
 	// cur reads the live (unexpired) record. If it exists and must not be
@@ -207,7 +231,7 @@ func (s *Store) prepareSQL() {
 	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1
 	WHERE NOT EXISTS (
 		SELECT 1 FROM cur
-		WHERE cur.fingerprint <> $3 OR cur.completed OR cur.lease_live)
+		WHERE cur.fingerprint <> $3 OR cur.completed OR cur.lease_live)` + asyncClaim + `
 	ON CONFLICT (scope, key) DO UPDATE SET
 		fingerprint = excluded.fingerprint,
 		token = excluded.token,

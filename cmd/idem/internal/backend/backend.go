@@ -71,8 +71,22 @@ func (s *Store) Close() error {
 	return s.close()
 }
 
-// Open opens the store named by spec.
+// Options tune how Open opens a store.
+type Options struct {
+	// AsyncClaim commits PostgreSQL claims without waiting for their WAL
+	// flush (pgstore.Config.AsyncClaim). Use it only when the operations'
+	// effects are written in the same database, in the execution's
+	// transaction, which commits synchronously after the claim.
+	AsyncClaim bool
+}
+
+// Open opens the store named by spec with default options.
 func Open(ctx context.Context, spec string) (*Store, error) {
+	return OpenWith(ctx, spec, Options{})
+}
+
+// OpenWith opens the store named by spec.
+func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
 	if spec == "" {
 		return nil, errors.New("no store given")
 	}
@@ -88,7 +102,7 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}
-		s, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema})
+		s, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema, AsyncClaim: o.AsyncClaim})
 		if err != nil {
 			pool.Close()
 			return nil, fmt.Errorf("postgres %s: %w", redact(spec), err)

@@ -64,14 +64,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return f.usageError("--db must be a SQLite file path or a postgres:// URL (records can go to Redis with --store)")
 	}
 
-	dbStore, err := backend.Open(ctx, *db)
+	// Payments and records in one PostgreSQL database: the payment's
+	// transaction commits synchronously after the claim and flushes it, so
+	// the claim need not wait for its own flush.
+	sameDB := *storeSpec == "" || *storeSpec == *db
+	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB})
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
 		return exitError
 	}
 	defer dbStore.Close()
 	records := dbStore
-	if *storeSpec != "" && *storeSpec != *db {
+	if !sameDB {
 		if records, err = backend.Open(ctx, *storeSpec); err != nil {
 			logger.Error("cannot open the records store", "store", *storeSpec, "error", err)
 			return exitError
