@@ -49,7 +49,8 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	"modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // Defaults of Config.
@@ -146,7 +147,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	writer.SetConnMaxIdleTime(0)
 
 	s := &Store{writer: writer, table: c.Table, maxLen: c.MaxResponseBytes}
-	if err := s.migrate(ctx); err != nil {
+	if err := s.migrateRetrying(ctx, c.BusyTimeout); err != nil {
 		writer.Close()
 		return nil, err
 	}
@@ -186,6 +187,36 @@ func (s *Store) DB() *sql.DB { return s.writer }
 // ReadDB returns the store's pool of read-only connections, for the
 // application's queries: WAL readers never wait for the write lock.
 func (s *Store) ReadDB() *sql.DB { return s.reader }
+
+// migrateRetrying runs migrate until it succeeds, fails for a reason other
+// than SQLITE_BUSY, or the busy timeout has passed. Switching a new file to
+// WAL takes an exclusive lock for which SQLite does not always call the busy
+// handler, so processes that open one new file at the same moment can see
+// SQLITE_BUSY at once; the retry makes that race harmless.
+func (s *Store) migrateRetrying(ctx context.Context, budget time.Duration) error {
+	deadline := time.Now().Add(budget)
+	wait := time.Millisecond
+	for {
+		err := s.migrate(ctx)
+		if err == nil || !isBusy(err) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("sqlitestore: migrate: %w", ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY (any extended code).
+func isBusy(err error) bool {
+	var e *sqlite.Error
+	return errors.As(err, &e) && e.Code()&0xff == sqlite3.SQLITE_BUSY
+}
 
 // migrate applies the embedded migrations that the file has not seen, in
 // one immediate transaction, so concurrent processes migrate once.
