@@ -526,7 +526,7 @@ func (e *env) proxyMemory(ctx context.Context, b *strings.Builder, n int) error 
 		return fmt.Errorf("idem proxy: %d errors, first: %s (proxy: %s)", res.Errors, res.FirstError, px.stderr.String())
 	}
 	rss1, hwm := rssKiB(px.pid())
-	fmt.Fprintf(b, "`idem proxy --store memory` (built from cmd/idem, run as a process in front of the `bare` handler, `--log-format json` read and discarded by the harness): resident memory **%.0f MiB** after %s unique keys (%d workers, %.0f requests/s), %.0f MiB before them (after start-up and a warm-up); peak %.0f MiB: %.0f bytes per record of resident memory.\n",
+	fmt.Fprintf(b, "`idem proxy --store memory` (built from cmd/idem, run as a process in front of the `bare` handler, `--access-log=false`): resident memory **%.0f MiB** after %s unique keys (%d workers, %.0f requests/s), %.0f MiB before them (after start-up and a warm-up); peak %.0f MiB: %.0f bytes per record of resident memory.\n",
 		float64(rss1)/1024, fmtInt(float64(res.Requests)), conc, res.Throughput(), float64(rss0)/1024, float64(hwm)/1024, float64(rss1-rss0)*1024/float64(max(1, res.Requests)))
 	return nil
 }

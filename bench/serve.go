@@ -43,7 +43,7 @@ func (e *env) idemBinary(ctx context.Context) (string, error) {
 // startIdem runs `idem serve` or `idem proxy` (sub) as a process and reads
 // its address from its JSON log line "idem <sub> listening".
 func (e *env) startIdem(ctx context.Context, bin, sub string, args ...string) (*child, error) {
-	cmd := exec.CommandContext(ctx, bin, append([]string{sub, "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
+	cmd := exec.CommandContext(ctx, bin, append([]string{sub, "--addr", "127.0.0.1:0", "--log-format", "json", "--access-log=false"}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -62,8 +62,8 @@ func (e *env) startIdem(ctx context.Context, bin, sub string, args ...string) (*
 	}()
 	addr := make(chan string, 1)
 	go func() {
-		// The server logs a line per request: read them all, so that it
-		// never blocks on a full pipe, keeping only the tail.
+		// Read everything the server logs, so that it never blocks on a
+		// full pipe, keeping only the tail.
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		found := false
@@ -112,7 +112,7 @@ func (e *env) runServe(ctx context.Context, r *report) error {
 		return err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "`idem serve` (the payments demo, built from cmd/idem and run as a process with its defaults and `--log-format json`: it writes an access-log line per request, which the harness reads and discards) next to `bench bare-payments`, bare Go handlers in a process of their own on the same database without idempotency (same connection setup: `sqlitestore.Open`'s pools for SQLite, a default `pgxpool` for PostgreSQL). First execution: `POST /api/payments` with a new key and `{\"amountCents\":2599,\"currency\":\"USD\",\"reference\":\"order-1001\"}` vs a bare handler that validates the same body and inserts the payment row. Replay: the same POST with a completed key vs a bare handler reading one payment by primary key (`GET /api/payments/{id}`). %v per measurement, %d round(s) alternating the two processes; ratio = median of per-round ratios.\n\n",
+	fmt.Fprintf(&b, "`idem serve` (the payments demo, built from cmd/idem and run as a process with its defaults, `--log-format json` and `--access-log=false`, as the bare handlers log nothing per request either) next to `bench bare-payments`, bare Go handlers in a process of their own on the same database without idempotency (same connection setup: `sqlitestore.Open`'s pools for SQLite, a default `pgxpool` for PostgreSQL). First execution: `POST /api/payments` with a new key and `{\"amountCents\":2599,\"currency\":\"USD\",\"reference\":\"order-1001\"}` vs a bare handler that validates the same body and inserts the payment row. Replay: the same POST with a completed key vs a bare handler reading one payment by primary key (`GET /api/payments/{id}`). %v per measurement, %d round(s) alternating the two processes; ratio = median of per-round ratios.\n\n",
 		e.o.Duration, e.o.Rounds)
 	b.WriteString("| database | path | workers | idem serve req/s | bare req/s | ratio | target | idem serve p50 / p99 ms | bare p50 / p99 ms |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	type backendDef struct {

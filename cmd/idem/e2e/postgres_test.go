@@ -198,3 +198,29 @@ func TestPostgresReplayIdenticalAcrossInstances(t *testing.T) {
 		t.Errorf("%d payments, want 2 (one per tenant)", n)
 	}
 }
+
+// The payment and the record's completion (with its stored response) are
+// written by one transaction: PostgreSQL stamps both row versions with the
+// same transaction ID (xmin). A payment committed on its own and a record
+// completed after it would carry two.
+func TestPostgresPaymentAndRecordCommitTogether(t *testing.T) {
+	t.Parallel()
+	db := newPGDatabase(t)
+	s := startServer(t, "pg-tx", "--db", db.url)
+	key := "tx-" + randomName(8)
+	r := mustPay(t, s, key, paymentBody(1250, "order-"+key))
+	if r.status != http.StatusCreated {
+		t.Fatalf("first request: %v", r)
+	}
+	ctx := testContext(t)
+	var paymentXmin, recordXmin string
+	if err := db.pool.QueryRow(ctx, "SELECT xmin::text FROM payments WHERE id = $1", r.paymentID(t)).Scan(&paymentXmin); err != nil {
+		t.Fatalf("payment row: %v", err)
+	}
+	if err := db.pool.QueryRow(ctx, "SELECT xmin::text FROM idem.idempotency_records WHERE key = $1 AND response IS NOT NULL", key).Scan(&recordXmin); err != nil {
+		t.Fatalf("completed record: %v", err)
+	}
+	if paymentXmin != recordXmin {
+		t.Errorf("the payment was written by transaction %s and the completed record by %s: not one transaction", paymentXmin, recordXmin)
+	}
+}

@@ -109,7 +109,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer store.Close()
 
 	m := metrics.New()
-	cfg := &proxy.Config{Upstream: upstream, Store: store, Defaults: base, Metrics: m, Logger: logger}
+	// The store itself, not backend's wrapper, so that its optional
+	// capabilities (memstore's idem.Watcher for wait mode) stay visible.
+	cfg := &proxy.Config{Upstream: upstream, Store: store.Store, Defaults: base, Metrics: m, Logger: logger}
 	if file != nil {
 		cfg.Routes = file.ProxyRoutes()
 	}

@@ -93,8 +93,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitError
 	}
 
+	// The middleware gets the store itself, not backend's wrapper: only the
+	// store's own type carries its transactional capability (idem.TxStore).
+	_, transactional := records.Store.(idem.TxStore)
+	if sameDB && !transactional {
+		logger.Error("internal error: the records store cannot join the payments' transaction", "store", fmt.Sprintf("%T", records.Store))
+		return exitError
+	}
 	m := metrics.New()
-	mw, err := idem.NewMiddleware(records, &idem.Config{
+	mw, err := idem.NewMiddleware(records.Store, &idem.Config{
 		Lease:           *lease,
 		TTL:             *ttl,
 		Wait:            *wait,

@@ -1,0 +1,86 @@
+package e2e
+
+import (
+	bin "encoding/binary"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// walCommits counts the transactions committed to the SQLite database at
+// path since its write-ahead log last restarted: the WAL's valid frames
+// (those carrying the header's salts) whose commit field, the database
+// size after the commit, is not zero. Each write transaction ends in
+// exactly one such frame.
+func walCommits(t *testing.T, path string) int {
+	t.Helper()
+	wal, err := os.ReadFile(path + "-wal")
+	if err != nil {
+		t.Fatalf("read the WAL: %v", err)
+	}
+	const headerLen, frameHeaderLen = 32, 24
+	if len(wal) < headerLen {
+		return 0
+	}
+	be := bin.BigEndian
+	pageSize := int(be.Uint32(wal[8:12]))
+	if pageSize == 1 {
+		pageSize = 65536
+	}
+	salt1, salt2 := be.Uint32(wal[16:20]), be.Uint32(wal[20:24])
+	commits := 0
+	for off := headerLen; off+frameHeaderLen+pageSize <= len(wal); off += frameHeaderLen + pageSize {
+		h := wal[off : off+frameHeaderLen]
+		if be.Uint32(h[8:12]) != salt1 || be.Uint32(h[12:16]) != salt2 {
+			break // left over from before the WAL restarted
+		}
+		if be.Uint32(h[4:8]) != 0 {
+			commits++
+		}
+	}
+	return commits
+}
+
+// On SQLite a first execution costs exactly two write transactions: the
+// claim, committed on its own so that duplicates see it at once, and one
+// transaction holding the payment, the record's completion and the stored
+// response. A replay, a 422 and an invalid payload write nothing.
+func TestSQLiteFirstExecutionIsTwoTransactions(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	s := startServer(t, "sqlite-tx", "--db", path)
+	key := "tx-" + randomName(8)
+	body := paymentBody(990, "order-"+key)
+
+	steps := []struct {
+		name    string
+		body    string
+		status  int
+		commits int
+	}{
+		{"first execution", body, http.StatusCreated, 2},
+		{"replay", body, http.StatusCreated, 0},
+		{"another payload", paymentBody(991, "order-"+key), http.StatusUnprocessableEntity, 0},
+	}
+	for _, st := range steps {
+		before := walCommits(t, path)
+		r := mustPay(t, s, key, st.body)
+		if r.status != st.status {
+			t.Fatalf("%s: %v, want %d", st.name, r, st.status)
+		}
+		if got := walCommits(t, path) - before; got != st.commits {
+			t.Errorf("%s committed %d write transactions, want %d", st.name, got, st.commits)
+		}
+	}
+	before := walCommits(t, path)
+	if r := mustPay(t, s, "tx-invalid-"+randomName(8), `{"amountCents":0,"currency":"USD","reference":"x"}`); r.status != http.StatusBadRequest {
+		t.Fatalf("invalid payload: %v, want 400", r)
+	}
+	if got := walCommits(t, path) - before; got != 0 {
+		t.Errorf("an invalid payload committed %d write transactions, want 0 (validated before the claim)", got)
+	}
+	if n := sqliteCount(t, path); n != 1 {
+		t.Errorf("%d payments, want 1", n)
+	}
+}
