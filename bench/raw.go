@@ -204,28 +204,40 @@ FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
 	return claimSQL, completeSQL
 }
 
-// rawSQLiteHandler runs sqlitestore's statements on the store's own
-// connections: the read of the record on the read pool; for a new key,
-// BEGIN IMMEDIATE, the read again and the insert on the writer, COMMIT,
+// rawSQLiteHandler runs sqlitestore's statements, prepared once as the
+// store prepares them, on the store's own connections: the read of the
+// record on the read pool; for a new key, an immediate transaction (the
+// writer's DSN sets _txlock=immediate) with the read again and the insert,
 // the application, and the completing UPDATE.
-func rawSQLiteHandler(s *sqlitestore.Store) http.Handler {
+func rawSQLiteHandler(s *sqlitestore.Store) (http.Handler, error) {
 	const t = sqlitestore.DefaultTable
 	getSQL := `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`
 	insertSQL := `INSERT OR REPLACE INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
 			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)`
 	completeSQL := `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`
+	ctx := context.Background()
+	var getRead, getWrite, insert, complete *sql.Stmt
+	for _, p := range []struct {
+		dst  **sql.Stmt
+		db   *sql.DB
+		text string
+	}{{&getRead, s.ReadDB(), getSQL}, {&getWrite, s.DB(), getSQL}, {&insert, s.DB(), insertSQL}, {&complete, s.DB(), completeSQL}} {
+		st, err := p.db.PrepareContext(ctx, p.text)
+		if err != nil {
+			return nil, err
+		}
+		*p.dst = st
+	}
 	type row struct {
 		fp             string
 		state          int
 		lease, expires int64
 		response       []byte
 	}
-	get := func(ctx context.Context, q interface {
-		QueryRowContext(context.Context, string, ...any) *sql.Row
-	}, key string) (row, bool, error) {
+	get := func(ctx context.Context, st *sql.Stmt, key string) (row, bool, error) {
 		var rw row
-		err := q.QueryRowContext(ctx, getSQL, rawScope, key).Scan(&rw.fp, &rw.state, &rw.lease, &rw.expires, &rw.response)
+		err := st.QueryRowContext(ctx, rawScope, key).Scan(&rw.fp, &rw.state, &rw.lease, &rw.expires, &rw.response)
 		if errors.Is(err, sql.ErrNoRows) {
 			return rw, false, nil
 		}
@@ -236,7 +248,7 @@ func rawSQLiteHandler(s *sqlitestore.Store) http.Handler {
 		ctx := r.Context()
 		key := rawKey(r)
 		now := time.Now()
-		rw, found, err := get(ctx, s.ReadDB(), key)
+		rw, found, err := get(ctx, getRead, key)
 		if err != nil {
 			fail(w, err)
 			return
@@ -254,38 +266,32 @@ func rawSQLiteHandler(s *sqlitestore.Store) http.Handler {
 			w.WriteHeader(http.StatusConflict)
 			return
 		}
-		conn, err := s.DB().Conn(ctx)
+		tx, err := s.DB().BeginTx(ctx, nil)
 		if err != nil {
-			fail(w, err)
-			return
-		}
-		defer conn.Close()
-		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 			fail(w, err)
 			return
 		}
 		token := rawToken()
-		if _, _, err = get(ctx, conn, key); err == nil {
-			_, err = conn.ExecContext(ctx, insertSQL, rawScope, key, rawFingerprint, token,
+		if _, _, err = get(ctx, tx.StmtContext(ctx, getWrite), key); err == nil {
+			_, err = tx.StmtContext(ctx, insert).ExecContext(ctx, rawScope, key, rawFingerprint, token,
 				now.Add(rawLease).UnixNano(), now.Add(rawTTL).UnixNano())
 		}
 		if err == nil {
-			_, err = conn.ExecContext(ctx, "COMMIT")
+			err = tx.Commit()
 		}
 		if err != nil {
-			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+			_ = tx.Rollback()
 			fail(w, err)
 			return
 		}
-		conn.Close()
 		resp := runApp(r)
 		enc, _ := resp.MarshalBinary()
-		if _, err := s.DB().ExecContext(context.WithoutCancel(ctx), completeSQL, enc, rawScope, key, token, time.Now().UnixNano()); err != nil {
+		if _, err := complete.ExecContext(context.WithoutCancel(ctx), enc, rawScope, key, token, time.Now().UnixNano()); err != nil {
 			fail(w, err)
 			return
 		}
 		send(w, resp)
-	})
+	}), nil
 }
 
 // rawRedisHandler sends redisstore's claim script, then (for a new key) the

@@ -323,7 +323,12 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, ide
 		}
 		store, closeFn = s, func() { _ = s.Close() }
 		if o.system == sysRawSQLite {
-			return rawSQLiteHandler(s), s, closeFn, nil
+			h, err := rawSQLiteHandler(s)
+			if err != nil {
+				closeFn()
+				return nil, nil, nil, err
+			}
+			return h, s, closeFn, nil
 		}
 	case sysPG, sysRawPG:
 		cfg, err := pgxpool.ParseConfig(o.pgURL)

@@ -274,11 +274,11 @@ const (
 // third of a replay's claim. database/sql keeps each prepared per
 // connection, and the writer has only one.
 type statements struct {
-	get, getRead, insert, takeOver, renew, complete, release, deleteExpired *sql.Stmt
+	get, getRead, insert, upsert, takeOver, renew, complete, release, deleteExpired *sql.Stmt
 }
 
 func (st *statements) all() []*sql.Stmt {
-	return []*sql.Stmt{st.get, st.getRead, st.insert, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired}
+	return []*sql.Stmt{st.get, st.getRead, st.insert, st.upsert, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired}
 }
 
 func (s *Store) prepare(ctx context.Context) error {
@@ -291,6 +291,13 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.st.get, get},
 		{&s.st.insert, `INSERT OR REPLACE INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
 			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)`},
+		// Inserts a new record, or replaces one that has expired; changes
+		// nothing if a live record is there.
+		{&s.st.upsert, `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
+			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)
+			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
+				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL
+			WHERE ` + t + `.expires_at <= ?`},
 		{&s.st.takeOver, `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?
 			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?`},
 		{&s.st.renew, `UPDATE ` + t + ` SET lease_until = ?
@@ -399,7 +406,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		wctx, cancel = context.WithTimeout(ctx, takeOverWait)
 		defer cancel()
 	}
-	res, err := s.claimLocked(wctx, p, now)
+	res, err := s.claimLocked(wctx, p, now, !takeOver)
 	if err != nil {
 		if takeOver && ctx.Err() == nil && wctx.Err() != nil {
 			// Nothing was taken over (or, if the commit raced the
@@ -422,12 +429,32 @@ const takeOverWait = 100 * time.Millisecond
 // claimLocked decides and writes a claim in an immediate transaction (the
 // writer's DSN sets _txlock=immediate), so the decision is made under the
 // write lock.
-func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64) (idem.ClaimResult, error) {
+//
+// fresh says the read before it found no live record: then the claim first
+// tries the upsert, which inserts (or replaces an expired record) in one
+// statement, and reads the record only if a live one appeared meanwhile.
+func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, fresh bool) (idem.ClaimResult, error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return idem.ClaimResult{}, err
 	}
 	defer tx.Rollback()
+	lease, expires := p.Now.Add(p.Lease).UnixNano(), p.Now.Add(p.TTL).UnixNano()
+	res := idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{
+		State: idem.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
+	}}
+	if fresh {
+		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.upsert), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
+		if err != nil {
+			return idem.ClaimResult{}, err
+		}
+		if n == 1 {
+			if err := tx.Commit(); err != nil {
+				return idem.ClaimResult{}, err
+			}
+			return res, nil
+		}
+	}
 	r, found, err := get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key)
 	if err != nil {
 		return idem.ClaimResult{}, err
@@ -435,10 +462,6 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64) 
 	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
 		return res, err
 	}
-	lease, expires := p.Now.Add(p.Lease).UnixNano(), p.Now.Add(p.TTL).UnixNano()
-	res := idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{
-		State: idem.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
-	}}
 	if found && now < r.expiresAt {
 		// An in-flight record with the same fingerprint whose lease ended.
 		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.takeOver), p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now)
