@@ -2,7 +2,8 @@
 # test.sh runs all of idem's tests: formatting and vet, every package of
 # every module in the workspace with the race detector (this includes the
 # benchmark harness's smoke run, bench.TestSmoke), a short fuzzing pass over
-# each parser, and the end-to-end script against the real binary.
+# each parser, one iteration of every benchmark, and the end-to-end script
+# against the real binary.
 #
 # Server-backed tests use PostgreSQL and Redis on this machine
 # (IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL); they skip when a server is
@@ -30,11 +31,23 @@ go test -race -count=1 -timeout 15m github.com/idemhq/idem/...
 
 fuzztime=${FUZZTIME:-10s}
 if [[ "$fuzztime" != 0 ]]; then
-	for target in FuzzParseKey FuzzCanonicalJSON FuzzResponseDecoding; do
+	# Every parser: the key, canonical JSON, stored responses, the proxy's
+	# configuration file, Retry-After in the client, the payment request.
+	while read -r pkg target; do
 		step "fuzz $target ($fuzztime)"
-		go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" github.com/idemhq/idem
-	done
+		go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" "$pkg" </dev/null
+	done <<-'EOF'
+		github.com/idemhq/idem FuzzParseKey
+		github.com/idemhq/idem FuzzCanonicalJSON
+		github.com/idemhq/idem FuzzResponseDecoding
+		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzParseFile
+		github.com/idemhq/idem/idemclient FuzzRetryAfter
+		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidate
+	EOF
 fi
+
+step "every benchmark once (-benchtime 1x), so that none rots"
+go test -run '^$' -bench . -benchtime 1x -count=1 github.com/idemhq/idem/...
 
 step "end-to-end: scripts/verify.sh"
 ./scripts/verify.sh

@@ -1,0 +1,4 @@
+package idemclient
+
+// RetryAfter exposes retryAfter to the external tests.
+var RetryAfter = retryAfter
