@@ -6,18 +6,8 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/pgstore"
-	"github.com/idemhq/idem/storetest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// The whole contract holds with asynchronous claim commits.
-func TestConformanceAsyncClaim(t *testing.T) {
-	t.Parallel()
-	storetest.Run(t, storetest.Harness{
-		NewStore:    func(t *testing.T) idem.Store { return newFixture(t, &pgstore.Config{AsyncClaim: true}).store },
-		ServerClock: true,
-	})
-}
 
 // TestAsyncClaimDoesNotLeak checks that the asynchronous commit applies to
 // the claim's own transaction only: the connection's next statement (a

@@ -16,12 +16,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// The whole contract holds with synchronous and with asynchronous claim
+// commits (Config.AsyncClaim).
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, storetest.Harness{
-		NewStore:    func(t *testing.T) idem.Store { return newFixture(t, nil).store },
-		ServerClock: true,
-	})
+	for _, c := range []struct {
+		name string
+		cfg  *pgstore.Config
+	}{{"sync", nil}, {"async-claim", &pgstore.Config{AsyncClaim: true}}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			storetest.Run(t, storetest.Harness{
+				NewStore:    func(t *testing.T) idem.Store { return newFixture(t, c.cfg).store },
+				ServerClock: true,
+			})
+		})
+	}
 }
 
 const fpA = idem.FingerprintVersion + ":aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
