@@ -539,16 +539,25 @@ func (e *env) profile(ctx context.Context, c *child, label string) func() {
 	if e.o.ProfileDir == "" || label == "" {
 		return func() {}
 	}
+	if err := os.MkdirAll(e.o.ProfileDir, 0o755); err != nil {
+		e.o.logf("perf: %v", err)
+		return func() {}
+	}
 	out := filepath.Join(e.o.ProfileDir, strings.NewReplacer(" ", "-", "/", "-").Replace(label)+".perf.data")
 	cmd := exec.CommandContext(ctx, "perf", "record", "-F", "999", "-g", "-p", fmt.Sprint(c.pid()), "-o", out)
-	cmd.Stdout, cmd.Stderr = nil, nil
+	stderr := &tailBuffer{max: 1024}
+	cmd.Stdout, cmd.Stderr = nil, stderr
 	if err := cmd.Start(); err != nil {
 		e.o.logf("perf: %v", err)
 		return func() {}
 	}
 	return func() {
 		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
+		if err := cmd.Wait(); err != nil {
+			if _, statErr := os.Stat(out); statErr != nil {
+				e.o.logf("perf record %s: %v: %s", label, err, stderr.String())
+			}
+		}
 	}
 }
 
