@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"database/sql"
+	"net/http"
 	"path/filepath"
 	"testing"
 )
@@ -25,5 +27,34 @@ func TestSQLiteDuplicatesAcrossProcesses(t *testing.T) {
 			t.Errorf("%s: GET /api/payments/count = %d, want 1", s.name, n)
 		}
 		checkReplay(t, executed, mustPay(t, s, key, body))
+	}
+}
+
+// With --store naming another SQLite file, payments stay in --db and the
+// records go to the other file: the records store's transaction must not
+// reach the payments (they live elsewhere), and both requests succeed.
+func TestSQLiteRecordsInAnotherFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	payments, records := filepath.Join(dir, "payments.db"), filepath.Join(dir, "records.db")
+	s := startServer(t, "sqlite-split", "--db", payments, "--store", records)
+	key := "split-" + randomName(8)
+	body := paymentBody(4400, "order-"+key)
+	first := mustPay(t, s, key, body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first request: %v", first)
+	}
+	checkReplay(t, first, mustPay(t, s, key, body))
+	if n := sqliteCount(t, payments); n != 1 {
+		t.Errorf("%d payments in %s, want 1", n, payments)
+	}
+	db, err := sql.Open("sqlite", "file:"+records+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRowContext(testContext(t), "SELECT count(*) FROM idem_records WHERE key = ?", key).Scan(&n); err != nil || n != 1 {
+		t.Errorf("records in %s for the key: %d (%v), want 1", records, n, err)
 	}
 }

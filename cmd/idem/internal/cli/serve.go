@@ -100,8 +100,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("internal error: the records store cannot join the payments' transaction", "store", fmt.Sprintf("%T", records.Store))
 		return exitError
 	}
+	mwStore := records.Store
+	if !sameDB {
+		mwStore = withoutTx(mwStore)
+	}
 	m := metrics.New()
-	mw, err := idem.NewMiddleware(records.Store, &idem.Config{
+	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
 		Lease:           *lease,
 		TTL:             *ttl,
 		Wait:            *wait,
@@ -146,4 +150,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	logger.Info("stopped")
 	return exitOK
+}
+
+// withoutTx hides a records store's transactional capability (keeping its
+// Watcher, if it has one): when the records live in another database than
+// the payments, the store's transaction must not reach the payment
+// repository, which would write the payment into the records' database.
+func withoutTx(s idem.Store) idem.Store {
+	if w, ok := s.(idem.Watcher); ok {
+		return struct {
+			idem.Store
+			idem.Watcher
+		}{s, w}
+	}
+	return struct{ idem.Store }{s}
 }
