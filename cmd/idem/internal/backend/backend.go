@@ -48,10 +48,14 @@ func KindOf(spec string) Kind {
 	return SQLite
 }
 
-// Store is an opened records store.
+// Store is an opened records store and what else its backend offers.
+// Records is the idem.Store to hand to idem (the middleware, an executor):
+// Store itself deliberately is not one, because a wrapper would hide the
+// optional capabilities (idem.TxStore, idem.Watcher) the store's own type
+// carries.
 type Store struct {
-	idem.Store
-	Kind Kind
+	Records idem.Store
+	Kind    Kind
 	// Where describes the location without credentials, for logs.
 	Where string
 	// SQLite and PG are set for those backends, so that the application
@@ -107,7 +111,7 @@ func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
 			pool.Close()
 			return nil, fmt.Errorf("postgres %s: %w", redact(spec), err)
 		}
-		return &Store{Store: s, Kind: Postgres, Where: "PostgreSQL " + redact(spec), PG: pool,
+		return &Store{Records: s, Kind: Postgres, Where: "PostgreSQL " + redact(spec), PG: pool,
 			Ping:  func(ctx context.Context) error { return pool.Ping(ctx) },
 			close: func() error { pool.Close(); return nil }}, nil
 	case Redis:
@@ -142,7 +146,7 @@ func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
 		}
 		// Redis may be down at start: the service starts anyway, answers
 		// 503 while it is, and recovers by itself.
-		return &Store{Store: s, Kind: Redis, Where: "Redis " + redact(spec),
+		return &Store{Records: s, Kind: Redis, Where: "Redis " + redact(spec),
 			Ping:  func(ctx context.Context) error { return client.Ping(ctx).Err() },
 			close: client.Close}, nil
 	case Memory:
@@ -150,7 +154,7 @@ func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Store{Store: s, Kind: Memory, Where: "memory (this process only)",
+		return &Store{Records: s, Kind: Memory, Where: "memory (this process only)",
 			Ping: func(context.Context) error { return nil }}, nil
 	}
 	abs, err := filepath.Abs(spec)
@@ -161,7 +165,7 @@ func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{Store: s, Kind: SQLite, Where: "SQLite file " + abs, SQLite: s,
+	return &Store{Records: s, Kind: SQLite, Where: "SQLite file " + abs, SQLite: s,
 		Ping:  func(ctx context.Context) error { return s.ReadDB().PingContext(ctx) },
 		close: s.Close}, nil
 }

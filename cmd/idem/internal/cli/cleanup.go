@@ -31,7 +31,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitError
 	}
 	defer s.Close()
-	n, err := deleteExpired(ctx, s, *batch, *maxBatches, *pace)
+	n, err := deleteExpired(ctx, s.Records, *batch, *maxBatches, *pace)
 	fmt.Fprintf(stdout, "deleted %d expired records from %s\n", n, s.Where)
 	if err != nil {
 		fmt.Fprintf(stderr, "idem cleanup: %v\n", err)

@@ -109,9 +109,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer store.Close()
 
 	m := metrics.New()
-	// The store itself, not backend's wrapper, so that its optional
-	// capabilities (memstore's idem.Watcher for wait mode) stay visible.
-	cfg := &proxy.Config{Upstream: upstream, Store: store.Store, Defaults: base, Metrics: m, Logger: logger}
+	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger}
 	if file != nil {
 		cfg.Routes = file.ProxyRoutes()
 	}
@@ -165,7 +163,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go cleanupLoop(cctx, store, *cleanupEvery, logger)
+	go cleanupLoop(cctx, store.Records, *cleanupEvery, logger)
 
 	// Both servers stop together: on a signal, or when either fails.
 	sctx, stop := context.WithCancel(ctx)

@@ -93,14 +93,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitError
 	}
 
-	// The middleware gets the store itself, not backend's wrapper: only the
-	// store's own type carries its transactional capability (idem.TxStore).
-	_, transactional := records.Store.(idem.TxStore)
+	// Payments and records in one database commit in one transaction: the
+	// records store must offer it (idem.TxStore).
+	_, transactional := records.Records.(idem.TxStore)
 	if sameDB && !transactional {
-		logger.Error("internal error: the records store cannot join the payments' transaction", "store", fmt.Sprintf("%T", records.Store))
+		logger.Error("internal error: the records store cannot join the payments' transaction", "store", fmt.Sprintf("%T", records.Records))
 		return exitError
 	}
-	mwStore := records.Store
+	mwStore := records.Records
 	if !sameDB {
 		mwStore = withoutTx(mwStore)
 	}
@@ -142,7 +142,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go cleanupLoop(cctx, records, *cleanupEvery, logger)
+	go cleanupLoop(cctx, records.Records, *cleanupEvery, logger)
 
 	if err := serveHTTP(ctx, ln, accessLog(logger, *accessLogOn, mux), logger, *opDelay); err != nil {
 		logger.Error("server stopped", "error", err)

@@ -76,27 +76,9 @@ func BenchmarkProxy(b *testing.B) {
 		b.Run("post", func(b *testing.B) { runLoad(b, srv.URL, http.MethodPost, func(int64) string { return "k" }) })
 		b.Run("get", func(b *testing.B) { runLoad(b, srv.URL, http.MethodGet, nil) })
 	})
-	for _, st := range []struct {
-		name string
-		spec func(b *testing.B) string
-	}{
-		{"memory", func(*testing.B) string { return "memory" }},
-		{"redis", func(b *testing.B) string { return redisSpec(b) }},
-		{"sqlite", func(b *testing.B) string { return filepath.Join(b.TempDir(), "records.db") }},
-		{"postgres", func(b *testing.B) string { return postgresSpec(b) }},
-	} {
+	for _, st := range benchStores {
 		b.Run(st.name, func(b *testing.B) {
-			store, err := backend.Open(context.Background(), st.spec(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer store.Close()
-			p, err := New(&Config{Upstream: up, Store: store, Transport: benchTransport(), Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			srv := httptest.NewServer(p)
-			defer srv.Close()
+			srv := benchProxyServer(b, up, st.spec(b))
 			run := rand.Text()[:10]
 			b.Run("first", func(b *testing.B) {
 				// Sub-benchmarks run several times with growing b.N; the
@@ -119,6 +101,36 @@ func BenchmarkProxy(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchStores are the records stores the proxy benchmarks run on, each
+// spec made for one benchmark.
+var benchStores = []struct {
+	name string
+	spec func(b *testing.B) string
+}{
+	{"memory", func(*testing.B) string { return "memory" }},
+	{"redis", func(b *testing.B) string { return redisSpec(b) }},
+	{"sqlite", func(b *testing.B) string { return filepath.Join(b.TempDir(), "records.db") }},
+	{"postgres", func(b *testing.B) string { return postgresSpec(b) }},
+}
+
+// benchProxyServer serves an idem proxy in front of up with its records in
+// the store spec names; both close when b ends.
+func benchProxyServer(b *testing.B, up *url.URL, spec string) *httptest.Server {
+	b.Helper()
+	store, err := backend.Open(context.Background(), spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { store.Close() })
+	p, err := New(&Config{Upstream: up, Store: store.Records, Transport: benchTransport(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	b.Cleanup(srv.Close)
+	return srv
 }
 
 var benchClient = &http.Client{Transport: benchTransport()}
@@ -202,27 +214,9 @@ func BenchmarkProxyPaired(b *testing.B) {
 	up := benchUpstream(b)
 	plain := httptest.NewServer(plainProxy(up))
 	defer plain.Close()
-	for _, st := range []struct {
-		name string
-		spec func(b *testing.B) string
-	}{
-		{"memory", func(*testing.B) string { return "memory" }},
-		{"redis", func(b *testing.B) string { return redisSpec(b) }},
-		{"sqlite", func(b *testing.B) string { return filepath.Join(b.TempDir(), "records.db") }},
-		{"postgres", func(b *testing.B) string { return postgresSpec(b) }},
-	} {
+	for _, st := range benchStores {
 		b.Run(st.name, func(b *testing.B) {
-			store, err := backend.Open(context.Background(), st.spec(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer store.Close()
-			p, err := New(&Config{Upstream: up, Store: store, Transport: benchTransport(), Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			srv := httptest.NewServer(p)
-			defer srv.Close()
+			srv := benchProxyServer(b, up, st.spec(b))
 			prefix := rand.Text()[:12] + "-"
 			replayKey := prefix + "replayed"
 			if s, err := benchSend(srv.URL, http.MethodPost, replayKey); err != nil || s != http.StatusCreated {
