@@ -441,6 +441,20 @@ func (r *runner) execute(ctx context.Context, q request) []*exchange {
 	return xs
 }
 
+// executeNew runs q, the first request under a new key (with execute's
+// retries), and notes its success body; when it fails it returns false
+// with c marked Skip, as the check then has nothing to compare with.
+func (r *runner) executeNew(ctx context.Context, c *Check, q request) (xs []*exchange, first *exchange, ok bool) {
+	xs = r.execute(ctx, q)
+	first = xs[len(xs)-1]
+	if !first.ok() {
+		c.Status, c.Reason, c.Details = Skip, fmt.Sprintf("the request with a new key failed (%s)", statusOf(first)), describe(xs)
+		return xs, first, false
+	}
+	r.executed(first)
+	return xs, first, true
+}
+
 // executed notes the success body of a first execution under a new key.
 func (r *runner) executed(x *exchange) {
 	r.mu.Lock()

@@ -188,13 +188,10 @@ func (r *runner) judgeReplay(xs []*exchange, first *exchange, what string) (Stat
 func (r *runner) keyForms(ctx context.Context) Check {
 	c := Check{Name: nameKeyForms}
 	key := newKey()
-	xs := r.execute(ctx, request{what: "quoted key", keys: []string{quote(key)}, body: r.o.Body})
-	first := xs[len(xs)-1]
-	if !first.ok() {
-		c.Status, c.Reason, c.Details = Skip, fmt.Sprintf("the request with a new key failed (%s)", statusOf(first)), describe(xs)
+	xs, first, ok := r.executeNew(ctx, &c, request{what: "quoted key", keys: []string{quote(key)}, body: r.o.Body})
+	if !ok {
 		return c
 	}
-	r.executed(first)
 	ys := r.settle(ctx, request{what: "same key, bare", keys: []string{key}, body: r.o.Body})
 	c.Details = append(describe(xs), describe(ys)...)
 	last := ys[len(ys)-1]
@@ -220,13 +217,10 @@ func (r *runner) jsonForms(ctx context.Context) Check {
 		return c
 	}
 	key := newKey()
-	xs := r.execute(ctx, request{what: "new key", keys: []string{quote(key)}, body: r.o.Body})
-	first := xs[len(xs)-1]
-	if !first.ok() {
-		c.Status, c.Reason, c.Details = Skip, fmt.Sprintf("the request with a new key failed (%s)", statusOf(first)), describe(xs)
+	xs, first, ok := r.executeNew(ctx, &c, request{what: "new key", keys: []string{quote(key)}, body: r.o.Body})
+	if !ok {
 		return c
 	}
-	r.executed(first)
 	ys := r.settle(ctx, request{what: "same key, members reordered", keys: []string{quote(key)}, body: reordered})
 	c.Details = append(describe(xs), describe(ys)...)
 	last := ys[len(ys)-1]
@@ -254,13 +248,10 @@ func (r *runner) payloadMismatch(ctx context.Context) Check {
 		}
 	}
 	key := newKey()
-	xs := r.execute(ctx, request{what: "new key", keys: []string{quote(key)}, body: r.o.Body})
-	first := xs[len(xs)-1]
-	if !first.ok() {
-		c.Status, c.Reason, c.Details = Skip, fmt.Sprintf("the request with a new key failed (%s)", statusOf(first)), describe(xs)
+	xs, first, ok := r.executeNew(ctx, &c, request{what: "new key", keys: []string{quote(key)}, body: r.o.Body})
+	if !ok {
 		return c
 	}
-	r.executed(first)
 	y := r.send(ctx, request{what: "same key, " + how, keys: []string{quote(key)}, body: variant})
 	c.Details = append(describe(xs), y.String())
 	switch {

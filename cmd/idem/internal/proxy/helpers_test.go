@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
@@ -292,6 +293,21 @@ func closedAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// postWhileInProgress POSTs body with the Idempotency-Key key to target again
+// every interval while the answer is 409 (the key in progress), for at most
+// timeout, and returns the last reply: polling a condition with a deadline.
+func postWhileInProgress(t *testing.T, target, body, key string, timeout, interval time.Duration) reply {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		r := send(t, http.MethodPost, target, body, idem.HeaderKey, key)
+		if r.status != http.StatusConflict || time.Now().After(deadline) {
+			return r
+		}
+		time.Sleep(interval)
+	}
 }
 
 // listenOn listens on addr again (after closedAddr), retrying briefly in

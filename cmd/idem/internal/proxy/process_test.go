@@ -457,15 +457,8 @@ func TestProcessKilledMidRequest(t *testing.T) {
 	if r := send(t, http.MethodPost, b.url+"/payments", `{"amount":9}`, idem.HeaderKey, key); r.status != http.StatusConflict {
 		t.Fatalf("retry right after the crash: %v", r)
 	}
-	var r reply
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		r = send(t, http.MethodPost, b.url+"/payments", `{"amount":9}`, idem.HeaderKey, key)
-		if r.status != http.StatusConflict || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // the lease has to pass
-	}
+	// The lease has to pass.
+	r := postWhileInProgress(t, b.url+"/payments", `{"amount":9}`, key, 15*time.Second, 100*time.Millisecond)
 	if r.status != http.StatusCreated || r.header.Get(idem.HeaderReplayed) != "false" {
 		t.Fatalf("retry after the lease: %v", r)
 	}

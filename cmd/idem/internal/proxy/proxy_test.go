@@ -560,14 +560,8 @@ func TestClientGoneStillStores(t *testing.T) {
 		t.Fatal("the cancelled client got an answer")
 	}
 	g.open()
-	var r reply
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		r = send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
-		if r.status != http.StatusConflict || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond) // the upstream's answer has to be stored
-	}
+	// The upstream's answer has to be stored.
+	r := postWhileInProgress(t, px.URL+"/p", `{}`, key, 10*time.Second, 10*time.Millisecond)
 	if r.status != http.StatusCreated || r.header.Get(idem.HeaderReplayed) != "true" || up.count(key) != 1 {
 		t.Fatalf("retry after the client gave up: %v (upstream ran %d)", r, up.count(key))
 	}
