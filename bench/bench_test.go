@@ -149,25 +149,6 @@ func TestPercentileAndMedian(t *testing.T) {
 	}
 }
 
-// TestRawScriptsMatchStore keeps the raw loop's copies of redisstore's Lua
-// scripts identical to the store's.
-func TestRawScriptsMatchStore(t *testing.T) {
-	t.Parallel()
-	for _, name := range []string{"claim.lua", "complete.lua"} {
-		ours, err := os.ReadFile(filepath.Join("lua", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		theirs, err := os.ReadFile(filepath.Join("..", "redisstore", "lua", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(ours, theirs) {
-			t.Errorf("lua/%s differs from redisstore/lua/%s: copy it again", name, name)
-		}
-	}
-}
-
 // TestLoadIsBounded checks that a measurement stops by itself at its
 // request bound and at its deadline, and counts unexpected answers.
 func TestLoadIsBounded(t *testing.T) {

@@ -107,13 +107,14 @@ func BenchmarkPGClaimComplete(b *testing.B) {
 	}
 	defer pool.Close()
 	schema := fmt.Sprintf("idem_bench_exp_%d", time.Now().UnixNano())
-	if _, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema}); err != nil {
+	store, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema})
+	if err != nil {
 		b.Fatal(err)
 	}
 	defer func() {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	}()
-	claimSQL, completeSQL := rawPGSQL(schema)
+	claimSQL, completeSQL := store.Statements()
 	enc, err := (&idem.Response{StatusCode: 201, Body: appBody(100)}).MarshalBinary()
 	if err != nil {
 		b.Fatal(err)

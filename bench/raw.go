@@ -8,15 +8,14 @@ package main
 // limit of each store behind an HTTP handler; idem's store paths are
 // measured as a fraction of them.
 //
-// The statement texts mirror sqlitestore's and pgstore's (unexported), and
-// lua/ holds copies of redisstore's scripts (TestRawScriptsMatchStore
-// keeps them identical).
+// The statements and scripts are the stores' own (sqlitestore's and
+// pgstore's Statements, redisstore.Scripts), so the raw loops cannot drift
+// from what the stores run.
 
 import (
 	"bytes"
 	"context"
 	"database/sql"
-	_ "embed"
 	"errors"
 	"net/http"
 	"strconv"
@@ -24,17 +23,11 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/pgstore"
+	"github.com/idemhq/idem/redisstore"
 	"github.com/idemhq/idem/sqlitestore"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-)
-
-var (
-	//go:embed lua/claim.lua
-	rawClaimLua string
-	//go:embed lua/complete.lua
-	rawCompleteLua string
 )
 
 // rawScope and rawFingerprint are what the raw handlers store: one scope
@@ -123,8 +116,8 @@ func rawMux(h http.HandlerFunc) http.Handler {
 // rawPGHandler runs pgstore's claim statement, then (for a new key) the
 // application and pgstore's completion statement; a completed key's stored
 // response is decoded and sent.
-func rawPGHandler(pool *pgxpool.Pool, schema string) http.Handler {
-	claimSQL, completeSQL := rawPGSQL(schema)
+func rawPGHandler(pool *pgxpool.Pool, store *pgstore.Store) http.Handler {
+	claimSQL, completeSQL := store.Statements()
 	return rawMux(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		key, token := rawKey(r), rawToken()
@@ -164,65 +157,20 @@ func rawPGHandler(pool *pgxpool.Pool, schema string) http.Handler {
 	})
 }
 
-// rawPGSQL returns pgstore's claim and completion statements (a copy of
-// pgstore.prepareSQL's texts) for the records table in schema.
-func rawPGSQL(schema string) (claimSQL, completeSQL string) {
-	t := pgx.Identifier{schema, "idempotency_records"}.Sanitize()
-	claimSQL = `WITH cur AS (
-	SELECT fingerprint,
-	       response IS NOT NULL AS completed,
-	       CASE WHEN fingerprint = $3 THEN response END AS response,
-	       lease_expires_at,
-	       coalesce(lease_expires_at > statement_timestamp(), false) AS lease_live,
-	       expires_at
-	FROM ` + t + `
-	WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()
-), ins AS (
-	INSERT INTO ` + t + ` AS r (scope, key, fingerprint, token, lease_expires_at, expires_at, attempt)
-	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1
-	WHERE NOT EXISTS (
-		SELECT 1 FROM cur
-		WHERE cur.fingerprint <> $3 OR cur.completed OR cur.lease_live)
-	ON CONFLICT (scope, key) DO UPDATE SET
-		fingerprint = excluded.fingerprint,
-		token = excluded.token,
-		lease_expires_at = excluded.lease_expires_at,
-		expires_at = excluded.expires_at,
-		response = NULL,
-		attempt = CASE WHEN r.expires_at <= statement_timestamp() THEN 1 ELSE r.attempt + 1 END
-	WHERE r.expires_at <= statement_timestamp()
-	   OR (r.token IS NOT NULL AND r.fingerprint = excluded.fingerprint
-	       AND r.lease_expires_at <= statement_timestamp())
-	RETURNING attempt, lease_expires_at, expires_at
-)
-SELECT true, ins.attempt, $3, false, NULL::bytea, ins.lease_expires_at, true, ins.expires_at FROM ins
-UNION ALL
-SELECT false, 0, cur.fingerprint, cur.completed, cur.response, cur.lease_expires_at, cur.lease_live, cur.expires_at
-FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
-	completeSQL = `UPDATE ` + t + ` SET response = $4, token = NULL, lease_expires_at = NULL
-	WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > statement_timestamp()`
-	return claimSQL, completeSQL
-}
-
 // rawSQLiteHandler runs sqlitestore's statements, prepared once as the
 // store prepares them, on the store's own connections: the read of the
-// record on the read pool; for a new key, an immediate transaction (the
-// writer's DSN sets _txlock=immediate) with the read again and the insert,
-// the application, and the completing UPDATE.
+// record on the read pool; for a new key, the claim in an immediate
+// transaction (the writer's DSN sets _txlock=immediate), the application,
+// and the completing UPDATE.
 func rawSQLiteHandler(s *sqlitestore.Store) (http.Handler, error) {
-	const t = sqlitestore.DefaultTable
-	getSQL := `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`
-	insertSQL := `INSERT OR REPLACE INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
-			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)`
-	completeSQL := `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
-			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`
+	getSQL, claimSQL, completeSQL := s.Statements()
 	ctx := context.Background()
-	var getRead, getWrite, insert, complete *sql.Stmt
+	var getRead, claim, complete *sql.Stmt
 	for _, p := range []struct {
 		dst  **sql.Stmt
 		db   *sql.DB
 		text string
-	}{{&getRead, s.ReadDB(), getSQL}, {&getWrite, s.DB(), getSQL}, {&insert, s.DB(), insertSQL}, {&complete, s.DB(), completeSQL}} {
+	}{{&getRead, s.ReadDB(), getSQL}, {&claim, s.DB(), claimSQL}, {&complete, s.DB(), completeSQL}} {
 		st, err := p.db.PrepareContext(ctx, p.text)
 		if err != nil {
 			return nil, err
@@ -272,9 +220,12 @@ func rawSQLiteHandler(s *sqlitestore.Store) (http.Handler, error) {
 			return
 		}
 		token := rawToken()
-		if _, _, err = get(ctx, tx.StmtContext(ctx, getWrite), key); err == nil {
-			_, err = tx.StmtContext(ctx, insert).ExecContext(ctx, rawScope, key, rawFingerprint, token,
-				now.Add(rawLease).UnixNano(), now.Add(rawTTL).UnixNano())
+		res, err := tx.StmtContext(ctx, claim).ExecContext(ctx, rawScope, key, rawFingerprint, token,
+			now.Add(rawLease).UnixNano(), now.Add(rawTTL).UnixNano(), now.UnixNano())
+		if err == nil {
+			if n, _ := res.RowsAffected(); n != 1 {
+				err = errors.New("the claim changed no row")
+			}
 		}
 		if err == nil {
 			err = tx.Commit()
@@ -298,7 +249,8 @@ func rawSQLiteHandler(s *sqlitestore.Store) (http.Handler, error) {
 // application and the completion script, by EVALSHA, on a key named
 // without hashing.
 func rawRedisHandler(ctx context.Context, c *redis.Client, prefix string) (http.Handler, error) {
-	claim, complete := redis.NewScript(rawClaimLua), redis.NewScript(rawCompleteLua)
+	claimLua, completeLua := redisstore.Scripts()
+	claim, complete := redis.NewScript(claimLua), redis.NewScript(completeLua)
 	for _, s := range []*redis.Script{claim, complete} {
 		if err := s.Load(ctx, c).Err(); err != nil {
 			return nil, err

@@ -347,7 +347,7 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, ide
 		}
 		store, closeFn = s, pool.Close
 		if o.system == sysRawPG {
-			return rawPGHandler(pool, o.pgSchema), s, closeFn, nil
+			return rawPGHandler(pool, s), s, closeFn, nil
 		}
 	case sysRedis, sysRawRedis:
 		opts, err := redis.ParseURL(o.redisURL)

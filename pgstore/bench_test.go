@@ -133,7 +133,7 @@ func benchFixture(b *testing.B) (*pgxpool.Pool, *pgstore.Store, string) {
 // throughput as a ratio of the raw loop's in the same run.
 func BenchmarkClaimComplete(b *testing.B) {
 	pool, store, _ := benchFixture(b)
-	claimSQL, completeSQL := pgstore.ClaimSQL(store), pgstore.CompleteSQL(store)
+	claimSQL, completeSQL := store.Statements()
 	encoded, err := benchResponse.MarshalBinary()
 	if err != nil {
 		b.Fatal(err)
@@ -203,12 +203,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 				}
 				return st(ctx, i)
 			})
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
-			b.ReportMetric(percentile(lat[0], 0.50), "raw-p50-ms")
-			b.ReportMetric(percentile(lat[0], 0.99), "raw-p99-ms")
-			b.ReportMetric(percentile(lat[1], 0.50), "pgstore-p50-ms")
-			b.ReportMetric(percentile(lat[1], 0.99), "pgstore-p99-ms")
-			b.ReportMetric(float64(mean(lat[0]))/float64(mean(lat[1])), "ratio")
+			reportPaired(b, lat, elapsed)
 		})
 	}
 }
@@ -222,7 +217,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 // its flush, on every replay.
 func BenchmarkReplay(b *testing.B) {
 	pool, store, table := benchFixture(b)
-	claimSQL := pgstore.ClaimSQL(store)
+	claimSQL, _ := store.Statements()
 	const keys = 1000
 	ctx := context.Background()
 	for i := range keys {
@@ -313,12 +308,18 @@ func BenchmarkReplay(b *testing.B) {
 				}
 				return storeOp(ctx, i)
 			})
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
-			b.ReportMetric(percentile(lat[0], 0.50), "raw-p50-ms")
-			b.ReportMetric(percentile(lat[0], 0.99), "raw-p99-ms")
-			b.ReportMetric(percentile(lat[1], 0.50), "pgstore-p50-ms")
-			b.ReportMetric(percentile(lat[1], 0.99), "pgstore-p99-ms")
-			b.ReportMetric(float64(mean(lat[0]))/float64(mean(lat[1])), "ratio")
+			reportPaired(b, lat, elapsed)
 		})
 	}
+}
+
+// reportPaired reports a paired run: lat[0] holds the raw operation's
+// latencies, lat[1] pgstore's; ratio is the raw mean over pgstore's.
+func reportPaired(b *testing.B, lat [][]time.Duration, elapsed time.Duration) {
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
+	b.ReportMetric(percentile(lat[0], 0.50), "raw-p50-ms")
+	b.ReportMetric(percentile(lat[0], 0.99), "raw-p99-ms")
+	b.ReportMetric(percentile(lat[1], 0.50), "pgstore-p50-ms")
+	b.ReportMetric(percentile(lat[1], 0.99), "pgstore-p99-ms")
+	b.ReportMetric(float64(mean(lat[0]))/float64(mean(lat[1])), "ratio")
 }

@@ -19,8 +19,3 @@ func NewWithoutAdvisoryLock(ctx context.Context, pool *pgxpool.Pool, cfg *Config
 	}
 	return s, nil
 }
-
-// ClaimSQL and CompleteSQL return the statement texts, for the benchmarks'
-// raw loops.
-func ClaimSQL(s *Store) string    { return s.claimSQL }
-func CompleteSQL(s *Store) string { return s.completeSQL }

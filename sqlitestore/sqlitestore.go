@@ -87,6 +87,7 @@ type Store struct {
 	reader *sql.DB
 	table  string
 	maxLen int
+	sql    sqlTexts
 	st     statements
 }
 
@@ -146,7 +147,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	writer.SetConnMaxLifetime(0)
 	writer.SetConnMaxIdleTime(0)
 
-	s := &Store{writer: writer, table: c.Table, maxLen: c.MaxResponseBytes}
+	s := &Store{writer: writer, table: c.Table, maxLen: c.MaxResponseBytes, sql: newSQLTexts(c.Table)}
 	if err := s.migrateRetrying(ctx, c.BusyTimeout); err != nil {
 		writer.Close()
 		return nil, err
@@ -274,39 +275,66 @@ const (
 // third of a replay's claim. database/sql keeps each prepared per
 // connection, and the writer has only one.
 type statements struct {
-	get, getRead, insert, upsert, takeOver, renew, complete, release, deleteExpired *sql.Stmt
+	get, getRead, claim, takeOver, renew, complete, release, deleteExpired *sql.Stmt
 }
 
 func (st *statements) all() []*sql.Stmt {
-	return []*sql.Stmt{st.get, st.getRead, st.insert, st.upsert, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired}
+	return []*sql.Stmt{st.get, st.getRead, st.claim, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired}
+}
+
+// sqlTexts are the statements of a Store, for its table.
+type sqlTexts struct {
+	get, claim, takeOver, renew, complete, release, deleteExpired string
+}
+
+func newSQLTexts(t string) sqlTexts {
+	return sqlTexts{
+		get: `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`,
+		// Inserts a new record, or replaces one that has expired; changes
+		// nothing if a live record is there.
+		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
+			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)
+			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
+				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL
+			WHERE ` + t + `.expires_at <= ?`,
+		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?
+			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?`,
+		renew: `UPDATE ` + t + ` SET lease_until = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		complete: `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		release: `DELETE FROM ` + t + ` WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		deleteExpired: `DELETE FROM ` + t + ` WHERE (scope, key) IN
+			(SELECT scope, key FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`,
+	}
+}
+
+// Statements returns the SQL of the statements a first execution and a
+// replay run: get reads a record (binds scope, key; returns fingerprint,
+// state, lease end, expiry, response), claim inserts a new record or
+// replaces an expired one inside an immediate transaction (binds scope,
+// key, fingerprint, owner token, lease end, expiry, now; one row changed
+// means acquired), complete stores the response (binds the encoded
+// response, scope, key, owner token, now). Times are Unix nanoseconds. It
+// exists for tools that measure the store against its own round trips
+// without its Go code (the repository's benchmark harness); applications
+// call the Store.
+func (s *Store) Statements() (get, claim, complete string) {
+	return s.sql.get, s.sql.claim, s.sql.complete
 }
 
 func (s *Store) prepare(ctx context.Context) error {
-	t := s.table
-	get := `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`
 	writes := []struct {
 		dst  **sql.Stmt
 		text string
 	}{
-		{&s.st.get, get},
-		{&s.st.insert, `INSERT OR REPLACE INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
-			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)`},
-		// Inserts a new record, or replaces one that has expired; changes
-		// nothing if a live record is there.
-		{&s.st.upsert, `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
-			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)
-			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
-				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL
-			WHERE ` + t + `.expires_at <= ?`},
-		{&s.st.takeOver, `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?
-			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?`},
-		{&s.st.renew, `UPDATE ` + t + ` SET lease_until = ?
-			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`},
-		{&s.st.complete, `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
-			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`},
-		{&s.st.release, `DELETE FROM ` + t + ` WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`},
-		{&s.st.deleteExpired, `DELETE FROM ` + t + ` WHERE (scope, key) IN
-			(SELECT scope, key FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`},
+		{&s.st.get, s.sql.get},
+		{&s.st.claim, s.sql.claim},
+		{&s.st.takeOver, s.sql.takeOver},
+		{&s.st.renew, s.sql.renew},
+		{&s.st.complete, s.sql.complete},
+		{&s.st.release, s.sql.release},
+		{&s.st.deleteExpired, s.sql.deleteExpired},
 	}
 	for _, w := range writes {
 		st, err := s.writer.PrepareContext(ctx, w.text)
@@ -316,7 +344,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		*w.dst = st
 	}
 	var err error
-	s.st.getRead, err = s.reader.PrepareContext(ctx, get)
+	s.st.getRead, err = s.reader.PrepareContext(ctx, s.sql.get)
 	return err
 }
 
@@ -406,7 +434,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		wctx, cancel = context.WithTimeout(ctx, takeOverWait)
 		defer cancel()
 	}
-	res, err := s.claimLocked(wctx, p, now, !takeOver)
+	res, err := s.claimLocked(wctx, p, now)
 	if err != nil {
 		if takeOver && ctx.Err() == nil && wctx.Err() != nil {
 			// Nothing was taken over (or, if the commit raced the
@@ -428,12 +456,10 @@ const takeOverWait = 100 * time.Millisecond
 
 // claimLocked decides and writes a claim in an immediate transaction (the
 // writer's DSN sets _txlock=immediate), so the decision is made under the
-// write lock.
-//
-// fresh says the read before it found no live record: then the claim first
-// tries the upsert, which inserts (or replaces an expired record) in one
-// statement, and reads the record only if a live one appeared meanwhile.
-func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, fresh bool) (idem.ClaimResult, error) {
+// write lock. The upsert inserts an absent key or replaces an expired
+// record in one statement; only if a live record is there is it read, to
+// answer or to take it over.
+func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64) (idem.ClaimResult, error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return idem.ClaimResult{}, err
@@ -443,26 +469,18 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, 
 	res := idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{
 		State: idem.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
 	}}
-	if fresh {
-		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.upsert), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
-		if err != nil {
-			return idem.ClaimResult{}, err
-		}
-		if n == 1 {
-			if err := tx.Commit(); err != nil {
-				return idem.ClaimResult{}, err
-			}
-			return res, nil
-		}
-	}
-	r, found, err := get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key)
+	n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
 	if err != nil {
 		return idem.ClaimResult{}, err
 	}
-	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
-		return res, err
-	}
-	if found && now < r.expiresAt {
+	if n != 1 {
+		r, found, err := get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key)
+		if err != nil {
+			return idem.ClaimResult{}, err
+		}
+		if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
+			return res, err
+		}
 		// An in-flight record with the same fingerprint whose lease ended.
 		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.takeOver), p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now)
 		if err != nil {
@@ -472,8 +490,6 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, 
 			return idem.ClaimResult{}, errors.New("take-over changed no row under the write lock")
 		}
 		res.TookOver = true
-	} else if _, err := tx.StmtContext(ctx, s.st.insert).ExecContext(ctx, p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires); err != nil {
-		return idem.ClaimResult{}, err
 	}
 	if err := tx.Commit(); err != nil {
 		return idem.ClaimResult{}, err
