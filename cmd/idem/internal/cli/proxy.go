@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
@@ -36,7 +35,7 @@ to their own listener; every other request is forwarded.`
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("proxy", proxyAbout, stderr)
-	addr := f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)")
+	sf := f.serverFlags()
 	upstreamURL := f.String("upstream", "", "base URL of the service to protect, such as http://127.0.0.1:9000\n(required)")
 	storeSpec := f.String("store", "idem-proxy.db", "where records live: a SQLite file path, a postgres:// URL\n(?idem_schema=NAME picks the schema), a redis:// URL (?prefix=TEXT\nstarts every key), or memory (this process only)")
 	configPath := f.String("config", "", "YAML file with per-route settings (see docs/proxy.md); routes not\nin it use the flags")
@@ -44,27 +43,23 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	adminAddr := f.String("admin-addr", "", "serve /healthz and /metrics on this address instead of the\nproxy's; then every path on --addr is forwarded")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim holds a key without renewal (renewed while the\nupstream works; after a proxy crash a retry runs again after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a record and its response are kept; retries within it replay")
-	wait := f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once")
 	upstreamTimeout := f.Duration("upstream-timeout", proxy.DefaultUpstreamTimeout, "how long the upstream may take to answer (the whole exchange for\nprotected requests, the response header for others); then 504 and\nthe key is released")
 	scopeHeader := f.String("scope-header", proxy.DefaultScopeHeader, "request header whose SHA-256 scopes records (one client's keys\nnever meet another's); empty: one scope for everyone")
 	maxRequest := proxy.SizeFlag(idem.DefaultMaxRequestBody)
 	f.Var(&maxRequest, "max-request-body", "largest body of a protected request (413 above it); units KiB, MiB,\nKB, MB...")
 	maxResponse := proxy.SizeFlag(idem.DefaultMaxResponseBody)
 	f.Var(&maxResponse, "max-response-body", "largest response stored for replay; a larger one reaches the client\nbut a retry gets 409 response_unavailable")
-	logFormat := f.String("log-format", "text", "log format: text or json")
-	accessLogOn := f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests")
-	cleanupEvery := f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)")
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
 	if len(f.positional()) > 0 {
 		return f.usageError("unexpected argument %q", f.positional()[0])
 	}
-	if err := positiveDuration("cleanup-interval", *cleanupEvery, true); err != nil {
+	if err := positiveDuration("cleanup-interval", *sf.cleanup, true); err != nil {
 		return f.usageError("%v", err)
 	}
 	base := proxy.DefaultSettings()
-	base.Lease, base.TTL, base.Wait, base.UpstreamTimeout = *lease, *ttl, *wait, *upstreamTimeout
+	base.Lease, base.TTL, base.Wait, base.UpstreamTimeout = *lease, *ttl, *sf.wait, *upstreamTimeout
 	base.ScopeHeader = *scopeHeader
 	base.MaxRequestBody, base.MaxResponseBody = int64(maxRequest), int64(maxResponse)
 	if err := base.Validate(); err != nil {
@@ -77,7 +72,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return checkProxyConfig(*checkPath, base, stdout, stderr)
 	}
 
-	logger, err := newLogger(*logFormat, stderr)
+	logger, err := newLogger(*sf.logFormat, stderr)
 	if err != nil {
 		return f.usageError("%v", err)
 	}
@@ -133,9 +128,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		})
 	}
 
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", *sf.addr)
 	if err != nil {
-		logger.Error("cannot listen", "addr", *addr, "error", err)
+		logger.Error("cannot listen", "addr", *sf.addr, "error", err)
 		return exitError
 	}
 	var adminLn net.Listener
@@ -155,7 +150,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	attrs := []any{"addr", ln.Addr().String(), "url", "http://" + ln.Addr().String(),
 		"upstream", upstream.Redacted(), "store", store.Where, "admin", adminWhere,
 		"config", *configPath, "routes", routes,
-		"lease", *lease, "ttl", *ttl, "wait", *wait, "upstream_timeout", *upstreamTimeout, "scope_header", *scopeHeader}
+		"lease", *lease, "ttl", *ttl, "wait", *sf.wait, "upstream_timeout", *upstreamTimeout, "scope_header", *scopeHeader}
 	if adminLn != nil {
 		attrs = append(attrs, "admin_addr", adminLn.Addr().String())
 	}
@@ -163,7 +158,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go cleanupLoop(cctx, store.Records, *cleanupEvery, logger)
+	go cleanupLoop(cctx, store.Records, *sf.cleanup, logger)
 
 	// Both servers stop together: on a signal, or when either fails.
 	sctx, stop := context.WithCancel(ctx)
@@ -171,14 +166,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	adminErr := make(chan error, 1)
 	if adminLn != nil {
 		go func() {
-			err := serveHTTP(sctx, adminLn, accessLog(logger, *accessLogOn, admin), logger, 0)
+			err := serveHTTP(sctx, adminLn, accessLog(logger, *sf.accessLog, admin), logger, 0)
 			stop()
 			adminErr <- err
 		}()
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *accessLogOn, handler), logger, px.MaxHandlerTime())
+	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, handler), logger, px.MaxHandlerTime())
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {

@@ -25,23 +25,19 @@ GET /healthz, GET /metrics (Prometheus).`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("serve", serveAbout, stderr)
-	addr := f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)")
+	sf := f.serverFlags()
 	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, or a postgres:// URL")
 	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
-	wait := f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once")
-	logFormat := f.String("log-format", "text", "log format: text or json")
-	accessLogOn := f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests")
-	cleanupEvery := f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)")
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
 	if len(f.positional()) > 0 {
 		return f.usageError("unexpected argument %q", f.positional()[0])
 	}
-	logger, err := newLogger(*logFormat, stderr)
+	logger, err := newLogger(*sf.logFormat, stderr)
 	if err != nil {
 		return f.usageError("%v", err)
 	}
@@ -49,7 +45,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		name      string
 		d         time.Duration
 		allowZero bool
-	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *wait, true}, {"cleanup-interval", *cleanupEvery, true}} {
+	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}} {
 		if err := positiveDuration(c.name, c.d, c.allowZero); err != nil {
 			return f.usageError("%v", err)
 		}
@@ -108,7 +104,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
 		Lease:           *lease,
 		TTL:             *ttl,
-		Wait:            *wait,
+		Wait:            *sf.wait,
 		ScopeFunc:       payments.Tenant,
 		FingerprintFunc: payments.Fingerprint,
 		MaxRequestBody:  payments.MaxBody,
@@ -126,9 +122,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	mux.Handle("GET /healthz", health(dbStore, records))
 	mux.Handle("GET /metrics", m.Handler())
 
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", *sf.addr)
 	if err != nil {
-		logger.Error("cannot listen", "addr", *addr, "error", err)
+		logger.Error("cannot listen", "addr", *sf.addr, "error", err)
 		return exitError
 	}
 	where := dbStore.Where
@@ -142,9 +138,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go cleanupLoop(cctx, records.Records, *cleanupEvery, logger)
+	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *accessLogOn, mux), logger, *opDelay); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}
