@@ -121,21 +121,11 @@ func BenchmarkPGClaimComplete(b *testing.B) {
 	}
 	var seq atomic.Int64
 	scanClaim := func(row pgx.Row) error {
-		var (
-			acquired, completed, live bool
-			attempt                   int32
-			fp                        string
-			body                      []byte
-			lease                     *time.Time
-			exp                       time.Time
-		)
-		if err := row.Scan(&acquired, &attempt, &fp, &completed, &body, &lease, &live, &exp); err != nil {
-			return err
+		c, err := scanPGClaim(row)
+		if err == nil && !c.acquired {
+			err = fmt.Errorf("not acquired")
 		}
-		if !acquired {
-			return fmt.Errorf("not acquired")
-		}
-		return nil
+		return err
 	}
 	complete := func(key, token string) error {
 		tag, err := pool.Exec(ctx, completeSQL, rawScope, key, token, enc)

@@ -26,6 +26,7 @@ import (
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/idemhq/idem/sqlitestore"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -113,6 +114,22 @@ func rawMux(h http.HandlerFunc) http.Handler {
 	return mux
 }
 
+// pgClaim is a row of pgstore's claim statement (see Store.Statements).
+type pgClaim struct {
+	acquired, completed, leaseLive bool
+	attempt                        int32
+	fingerprint                    string
+	response                       []byte
+	leaseEnd                       *time.Time
+	expiresAt                      time.Time
+}
+
+func scanPGClaim(row pgx.Row) (pgClaim, error) {
+	var c pgClaim
+	err := row.Scan(&c.acquired, &c.attempt, &c.fingerprint, &c.completed, &c.response, &c.leaseEnd, &c.leaseLive, &c.expiresAt)
+	return c, err
+}
+
 // rawPGHandler runs pgstore's claim statement, then (for a new key) the
 // application and pgstore's completion statement; a completed key's stored
 // response is decoded and sent.
@@ -121,22 +138,13 @@ func rawPGHandler(pool *pgxpool.Pool, store *pgstore.Store) http.Handler {
 	return rawMux(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		key, token := rawKey(r), rawToken()
-		var (
-			acquired, completed, live bool
-			attempt                   int32
-			fp                        string
-			body                      []byte
-			lease                     *time.Time
-			exp                       time.Time
-		)
-		err := pool.QueryRow(ctx, claimSQL, rawScope, key, rawFingerprint, token, rawLease, rawTTL).
-			Scan(&acquired, &attempt, &fp, &completed, &body, &lease, &live, &exp)
+		c, err := scanPGClaim(pool.QueryRow(ctx, claimSQL, rawScope, key, rawFingerprint, token, rawLease, rawTTL))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		switch {
-		case acquired:
+		case c.acquired:
 			resp := runApp(r)
 			enc, _ := resp.MarshalBinary()
 			if _, err := pool.Exec(context.WithoutCancel(ctx), completeSQL, rawScope, key, token, enc); err != nil {
@@ -144,9 +152,9 @@ func rawPGHandler(pool *pgxpool.Pool, store *pgstore.Store) http.Handler {
 				return
 			}
 			send(w, resp)
-		case completed && fp == rawFingerprint:
+		case c.completed && c.fingerprint == rawFingerprint:
 			var resp idem.Response
-			if err := resp.UnmarshalBinary(body); err != nil {
+			if err := resp.UnmarshalBinary(c.response); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
