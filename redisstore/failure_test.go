@@ -56,16 +56,7 @@ func TestUnreachableRedis(t *testing.T) {
 // handler; once it is restored the same client and store work again.
 func TestPartitionAndRecovery(t *testing.T) {
 	t.Parallel()
-	direct := newClient(t)
-	opts, err := redis.ParseURL(redisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := newProxy(t, opts.Addr)
-	opts.Addr = px.Addr()
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { _ = c.Close() })
-	s := newStore(t, c, &redisstore.Config{Prefix: newPrefix(t, direct)})
+	s, px := storeBehindProxy(t)
 	srv, ran := newServer(t, s, nil)
 
 	if resp := post(t, srv, "before", `{"n":1}`); resp.StatusCode != http.StatusCreated {
@@ -201,16 +192,7 @@ func requireProblem(t *testing.T, resp *http.Response, status int, code string) 
 // operation's own uniqueness.
 func TestPartitionDuringHandler(t *testing.T) {
 	t.Parallel()
-	direct := newClient(t)
-	opts, err := redis.ParseURL(redisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := newProxy(t, opts.Addr)
-	opts.Addr = px.Addr()
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { _ = c.Close() })
-	s := newStore(t, c, &redisstore.Config{Prefix: newPrefix(t, direct)})
+	s, px := storeBehindProxy(t)
 	const lease = 300 * time.Millisecond
 	mw, err := idem.NewMiddleware(s, &idem.Config{Lease: lease, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -276,4 +258,20 @@ func TestPartitionDuringHandler(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated || resp.Header.Get(idem.HeaderReplayed) != "true" {
 		t.Fatalf("after the take-over: status %d, replayed %q", resp.StatusCode, resp.Header.Get(idem.HeaderReplayed))
 	}
+}
+
+// storeBehindProxy returns a Store whose client reaches Redis through a
+// TCP proxy the test can cut, on a fresh key prefix.
+func storeBehindProxy(t *testing.T) (*redisstore.Store, *proxy) {
+	t.Helper()
+	direct := newClient(t)
+	opts, err := redis.ParseURL(redisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := newProxy(t, opts.Addr)
+	opts.Addr = px.Addr()
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return newStore(t, c, &redisstore.Config{Prefix: newPrefix(t, direct)}), px
 }
