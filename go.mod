@@ -1,5 +1,5 @@
 module github.com/idemhq/idem
 
-go 1.25.0
+go 1.26.0
 
 require github.com/dunglas/httpsfv v1.1.2

@@ -2,15 +2,15 @@ module github.com/idemhq/idem/bench
 
 go 1.26.0
 
-require github.com/idemhq/idem v0.0.0
+require github.com/idemhq/idem v0.2.0
 
 replace github.com/idemhq/idem => ..
 
 require (
 	github.com/gofiber/fiber/v3 v3.1.0
-	github.com/idemhq/idem/pgstore v0.0.0
-	github.com/idemhq/idem/redisstore v0.0.0
-	github.com/idemhq/idem/sqlitestore v0.0.0
+	github.com/idemhq/idem/pgstore v0.2.0
+	github.com/idemhq/idem/redisstore v0.2.0
+	github.com/idemhq/idem/sqlitestore v0.2.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	gonum.org/v1/plot v0.17.0

@@ -1,9 +1,9 @@
 module github.com/idemhq/idem/pgstore
 
-go 1.25.0
+go 1.26.0
 
 require (
-	github.com/idemhq/idem v0.0.0
+	github.com/idemhq/idem v0.2.0
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -15,5 +15,3 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/idemhq/idem => ..

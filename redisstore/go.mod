@@ -3,7 +3,7 @@ module github.com/idemhq/idem/redisstore
 go 1.26.0
 
 require (
-	github.com/idemhq/idem v0.0.0
+	github.com/idemhq/idem v0.2.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -14,4 +14,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 )
 
-replace github.com/idemhq/idem => ..

@@ -3,7 +3,7 @@ module github.com/idemhq/idem/sqlitestore
 go 1.26.0
 
 require (
-	github.com/idemhq/idem v0.0.0
+	github.com/idemhq/idem v0.2.0
 	modernc.org/sqlite v1.62.0
 )
 
@@ -20,4 +20,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 )
 
-replace github.com/idemhq/idem => ..

@@ -3,7 +3,7 @@ module github.com/idemhq/idem/cmd/idem
 go 1.26.0
 
 require (
-	github.com/idemhq/idem v0.0.0
+	github.com/idemhq/idem v0.2.0
 	go.yaml.in/yaml/v3 v3.0.6
 )
 
@@ -23,9 +23,9 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/idemhq/idem/pgstore v0.0.0
-	github.com/idemhq/idem/redisstore v0.0.0
-	github.com/idemhq/idem/sqlitestore v0.0.0
+	github.com/idemhq/idem/pgstore v0.2.0
+	github.com/idemhq/idem/redisstore v0.2.0
+	github.com/idemhq/idem/sqlitestore v0.2.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.12.0
@@ -43,10 +43,6 @@ require (
 	modernc.org/sqlite v1.62.0 // indirect
 )
 
-replace github.com/idemhq/idem => ../..
 
-replace github.com/idemhq/idem/sqlitestore => ../../sqlitestore
 
-replace github.com/idemhq/idem/pgstore => ../../pgstore
 
-replace github.com/idemhq/idem/redisstore => ../../redisstore
