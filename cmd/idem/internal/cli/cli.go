@@ -27,6 +27,7 @@ func commands() []command {
 		{"proxy", "run a reverse proxy that makes any HTTP API retry-safe", runProxy},
 		{"check", "grade an HTTP endpoint against the Idempotency-Key contract", runCheck},
 		{"cleanup", "delete expired idempotency records in batches", runCleanup},
+		{"consume", "book payment events into a ledger exactly once (inbox demo)", runConsume},
 		{"version", "print the version", runVersion},
 	}
 }
