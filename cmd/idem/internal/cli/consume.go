@@ -30,6 +30,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	db := f.String("db", "ledger.db", "the SQLite file holding the ledger and the inbox records")
 	addr := f.String("addr", "127.0.0.1:8081", "address to listen on (host:port; port 0 picks a free port)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a handled message id is remembered (the deduplication\nwindow; longer than the broker redelivers a message)")
+	ackWait := f.Duration("ack-wait", 30*time.Second, "how long the broker waits for an acknowledgement before it delivers\na message again (JetStream; RabbitMQ redelivers when a consumer's\nconnection closes)")
 	logFormat := f.String("log-format", "text", "log format: text or json")
 	if code, ok := f.parse(args); !ok {
 		return code
@@ -51,6 +52,9 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return f.usageError("%v", err)
 	}
 	if err := positiveDuration("ttl", *ttl, false); err != nil {
+		return f.usageError("%v", err)
+	}
+	if err := positiveDuration("ack-wait", *ackWait, false); err != nil {
 		return f.usageError("%v", err)
 	}
 	if *db == "" || *db == "memory" {
@@ -82,6 +86,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitError
 	}
 	defer conn.Close()
+	conn.AckWait = *ackWait
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ledger/count", ledger.Count)

@@ -107,7 +107,12 @@ type Conn struct {
 	// exchange it needs on first use, so that the service starts (and
 	// takes payments) while the broker is down.
 	Publisher outbox.Publisher
-	close     func()
+	// AckWait is how long the broker waits for a consumer's
+	// acknowledgement before it delivers a message again (JetStream's
+	// AckWait; RabbitMQ redelivers when the consumer's connection closes).
+	// Defaults to 30 seconds.
+	AckWait time.Duration
+	close   func()
 	consume   func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, onHandled func(bool)) error
 }
 
@@ -159,11 +164,12 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 		nc.Close()
 		return nil, fmt.Errorf("events: %w", err)
 	}
+	var conn *Conn
 	p := &ensuring{
 		ensure: func(ctx context.Context) error { _, err := natsidem.EnsureStream(ctx, js, subject); return err },
 		pub:    natsidem.NewPublisher(js),
 	}
-	return &Conn{
+	conn = &Conn{
 		Where:     redact(rawURL),
 		Publisher: p,
 		close:     nc.Close,
@@ -171,7 +177,7 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 			var cons jetstream.Consumer
 			for {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				cons, err = natsidem.EnsureConsumer(cctx, js, subject, 30*time.Second)
+				cons, err = natsidem.EnsureConsumer(cctx, js, subject, conn.AckWait)
 				cancel()
 				if err == nil {
 					break
@@ -183,7 +189,8 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 			}
 			return natsidem.Consume(ctx, cons, in, h, &natsidem.ConsumeConfig{Logger: logger, OnHandled: onHandled})
 		},
-	}, nil
+	}
+	return conn, nil
 }
 
 // ensuring runs ensure (stream or exchange creation) before its first

@@ -1,0 +1,277 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem/natsidem"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const defaultNATSURL = "nats://127.0.0.1:4222"
+
+// natsFixture is a NATS connection for a test and a subject of its own
+// (its own stream, deleted when the test ends).
+type natsFixture struct {
+	url     string
+	subject string
+	stream  string
+	nc      *nats.Conn
+	js      jetstream.JetStream
+}
+
+func newNATS(t *testing.T) *natsFixture {
+	t.Helper()
+	raw := envOr("IDEM_TEST_NATS_URL", defaultNATSURL)
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireReachable(t, "NATS", "tcp", u.Host)
+	nc, err := nats.Connect(raw, nats.Timeout(5*time.Second))
+	if err != nil {
+		t.Fatalf("connect to NATS: %v", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &natsFixture{url: raw, nc: nc, js: js, subject: "e" + randomName(6) + ".payments.created"}
+	f.stream, _ = natsidem.StreamFor(f.subject)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := js.DeleteStream(ctx, f.stream); err != nil && !strings.Contains(err.Error(), "not found") {
+			t.Errorf("delete stream %s: %v", f.stream, err)
+		}
+		nc.Close()
+	})
+	return f
+}
+
+// hostPort returns the broker's host:port.
+func (f *natsFixture) hostPort(t *testing.T) string {
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
+}
+
+// settled reports whether the test consumer has nothing left to deliver or
+// to be acknowledged.
+func (f *natsFixture) settled(ctx context.Context) (bool, error) {
+	c, err := f.js.Consumer(ctx, f.stream, natsidem.ConsumerFor(f.subject))
+	if err != nil {
+		return false, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	return info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0, nil
+}
+
+// ledgerCount returns GET /ledger/count of an idem consume.
+func ledgerCount(s *server) (int64, error) {
+	resp, err := httpClient.Get(s.url + "/ledger/count")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var c struct {
+		Count *int64 `json:"count"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || c.Count == nil || resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /ledger/count: status %d, %v", resp.StatusCode, err)
+	}
+	return *c.Count, nil
+}
+
+// openRO opens a SQLite file read-only for the test's own queries.
+func openRO(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func queryInt(t *testing.T, db *sql.DB, q string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := db.QueryRowContext(testContext(t), q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// payUntilCreated pays under key until it gets 201, following the current
+// server across restarts (connection errors, 409 while a killed process's
+// lease runs out, 503), and returns the payment id.
+func payUntilCreated(t *testing.T, current func() *server, key, body string, deadline time.Time) (string, error) {
+	c := &http.Client{Timeout: 30 * time.Second}
+	var last string
+	for time.Now().Before(deadline) {
+		r, err := pay(c, current(), key, body)
+		switch {
+		case err != nil:
+			last = err.Error()
+		case r.status == http.StatusCreated:
+			var p struct{ ID string }
+			if err := json.Unmarshal(r.body, &p); err != nil || p.ID == "" {
+				return "", fmt.Errorf("201 without a payment id: %v", r)
+			}
+			return p.ID, nil
+		case r.status == http.StatusConflict || r.status == http.StatusServiceUnavailable:
+			last = r.String()
+		default:
+			return "", fmt.Errorf("unexpected reply %v", r)
+		}
+		time.Sleep(50 * time.Millisecond) // retry back-off, as a client would
+	}
+	return "", fmt.Errorf("key %s: no 201 before the deadline; last: %s", key, last)
+}
+
+// 500 payments through idem serve --events, with idem serve and idem
+// consume each killed with SIGKILL three times during the run and
+// restarted: the ledger ends with exactly one row per payment. Payments
+// that fail after writing (--fail-reference) leave no event.
+func TestEventsNATSExactlyOnceThroughKills(t *testing.T) {
+	t.Parallel()
+	nf := newNATS(t)
+	dir := t.TempDir()
+	servePath, consumePath := dir+"/serve.db", dir+"/consume.db"
+	serveArgs := []string{"--db", servePath, "--events", nf.url, "--events-subject", nf.subject,
+		"--lease", "2s", "--access-log=false", "--fail-reference", "fail-me"}
+	consumeArgs := []string{"--db", consumePath, "--events", nf.url, "--events-subject", nf.subject, "--ack-wait", "2s"}
+
+	var mu sync.Mutex
+	srv := startServer(t, "serve-0", serveArgs...)
+	cons := startCommand(t, "consume-0", "consume", consumeArgs...)
+	current := func() *server {
+		mu.Lock()
+		defer mu.Unlock()
+		return srv
+	}
+
+	const total, workers = 500, 8
+	ids := make([]string, total)
+	var done atomic.Int64
+	errs := make(chan error, total)
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(3 * time.Minute)
+	prefix := "ev-" + randomName(4)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				id, err := payUntilCreated(t, current, fmt.Sprintf("%s-%d", prefix, i), paymentBody(100+i, fmt.Sprintf("order-%d", i)), deadline)
+				if err != nil {
+					errs <- err
+					continue
+				}
+				ids[i] = id
+				done.Add(1)
+			}
+		}()
+	}
+	go func() {
+		defer close(jobs)
+		for i := range total {
+			jobs <- i
+		}
+	}()
+
+	// Kill one process or the other at points spread over the run.
+	for k, at := range []int64{60, 120, 180, 250, 320, 400} {
+		eventually(t, 2*time.Minute, 20*time.Millisecond, fmt.Sprintf("%d payments", at), func() (bool, error) {
+			return done.Load() >= at || len(errs) > 0, nil
+		})
+		if k%2 == 0 {
+			current().kill(t)
+			next := startServer(t, fmt.Sprintf("serve-%d", k/2+1), serveArgs...)
+			mu.Lock()
+			srv = next
+			mu.Unlock()
+		} else {
+			cons.kill(t)
+			cons = startCommand(t, fmt.Sprintf("consume-%d", k/2+1), "consume", consumeArgs...)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// A payment that fails after writing its rows rolls its event back.
+	for i := range 3 {
+		r := mustPay(t, current(), fmt.Sprintf("%s-fail-%d", prefix, i), paymentBody(999, "fail-me"))
+		if r.status != http.StatusInternalServerError {
+			t.Fatalf("payment with the failing reference: %v, want 500", r)
+		}
+	}
+
+	ctx := testContext(t)
+	eventually(t, 90*time.Second, 100*time.Millisecond, "500 ledger rows", func() (bool, error) {
+		n, err := ledgerCount(cons)
+		return n >= total, err
+	})
+	// Once the outbox is empty and the consumer has nothing pending or
+	// unacknowledged, no further delivery can add a row.
+	serveDB, consumeDB := openRO(t, servePath), openRO(t, consumePath)
+	eventually(t, 60*time.Second, 100*time.Millisecond, "outbox sent and consumer settled", func() (bool, error) {
+		if n := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL"); n != 0 {
+			return false, fmt.Errorf("%d unsent", n)
+		}
+		return nf.settled(ctx)
+	})
+	if n := queryInt(t, serveDB, "SELECT COUNT(*) FROM payments"); n != total {
+		t.Errorf("%d payments, want %d", n, total)
+	}
+	if n := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox"); n != total {
+		t.Errorf("%d outbox messages, want %d (one per payment, none for the failed ones)", n, total)
+	}
+	if n := queryInt(t, consumeDB, "SELECT COUNT(*) FROM ledger"); n != total {
+		t.Errorf("%d ledger rows, want %d", n, total)
+	}
+	if n := queryInt(t, consumeDB, "SELECT COUNT(DISTINCT payment_id) FROM ledger"); n != total {
+		t.Errorf("%d distinct payments in the ledger, want %d", n, total)
+	}
+	if n := queryInt(t, consumeDB, "SELECT COUNT(*) FROM ledger WHERE reference = 'fail-me'"); n != 0 {
+		t.Errorf("%d ledger rows for failed payments, want 0", n)
+	}
+	for i, id := range ids {
+		if n := queryInt(t, consumeDB, "SELECT COUNT(*) FROM ledger WHERE payment_id = ? AND amount_cents = ?", id, 100+i); n != 1 {
+			t.Errorf("payment %d (%s): %d ledger rows, want 1", i, id, n)
+		}
+	}
+	// The API shows the same.
+	r := get(t, cons, "/ledger?payment="+url.QueryEscape(ids[0]))
+	var body struct {
+		Entries []struct {
+			PaymentID string `json:"paymentId"`
+		} `json:"entries"`
+	}
+	if err := json.Unmarshal(r.body, &body); err != nil || len(body.Entries) != 1 || body.Entries[0].PaymentID != ids[0] {
+		t.Errorf("GET /ledger?payment=%s: %v (%v), want one entry", ids[0], r, err)
+	}
+}
