@@ -113,7 +113,7 @@ type Conn struct {
 	// Defaults to 30 seconds.
 	AckWait time.Duration
 	close   func()
-	consume   func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, onHandled func(bool)) error
+	consume func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, onHandled func(bool)) error
 }
 
 // Close closes the connection.
