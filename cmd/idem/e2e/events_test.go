@@ -275,3 +275,165 @@ func TestEventsNATSExactlyOnceThroughKills(t *testing.T) {
 		t.Errorf("GET /ledger?payment=%s: %v (%v), want one entry", ids[0], r, err)
 	}
 }
+
+// With the broker unreachable (an in-test forwarder cut), payments still
+// succeed and their events wait in the outbox; once it is back, the same
+// process delivers them.
+func TestEventsNATSBrokerOutage(t *testing.T) {
+	t.Parallel()
+	nf := newNATS(t)
+	proxy := newTCPProxy(t, nf.hostPort(t))
+	dir := t.TempDir()
+	servePath := dir + "/serve.db"
+	srv := startServer(t, "serve", "--db", servePath, "--events", "nats://"+proxy.addr(), "--events-subject", nf.subject, "--access-log=false")
+	cons := startCommand(t, "consume", "consume", "--db", dir+"/consume.db", "--events", nf.url, "--events-subject", nf.subject)
+	serveDB := openRO(t, servePath)
+
+	prefix := "out-" + randomName(4)
+	mustCreate := func(i int) {
+		t.Helper()
+		if r := mustPay(t, srv, fmt.Sprintf("%s-%d", prefix, i), paymentBody(100+i, "outage")); r.status != http.StatusCreated {
+			t.Fatalf("payment %d: %v", i, r)
+		}
+	}
+	mustCreate(0)
+	eventually(t, 30*time.Second, 50*time.Millisecond, "the first event", func() (bool, error) {
+		n, err := ledgerCount(cons)
+		return n == 1, err
+	})
+
+	proxy.cut()
+	const during = 30
+	for i := 1; i <= during; i++ {
+		mustCreate(i)
+	}
+	if n := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL"); n != during {
+		t.Errorf("%d events unsent while the broker is unreachable, want %d", n, during)
+	}
+	if n, err := ledgerCount(cons); err != nil || n != 1 {
+		t.Errorf("ledger count %d (%v) while the broker is unreachable, want 1", n, err)
+	}
+
+	proxy.restore()
+	eventually(t, 60*time.Second, 100*time.Millisecond, "events delivered after the broker returned", func() (bool, error) {
+		n, err := ledgerCount(cons)
+		return n == during+1, err
+	})
+	if n := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL"); n != 0 {
+		t.Errorf("%d events still unsent", n)
+	}
+}
+
+// subjectCounter counts every message published to a subject (a core NATS
+// subscription sees each publish, including copies the stream drops as
+// duplicates), by message id.
+type subjectCounter struct {
+	mu   sync.Mutex
+	byID map[string]int
+	all  int
+}
+
+func countSubject(t *testing.T, nf *natsFixture) *subjectCounter {
+	t.Helper()
+	c := &subjectCounter{byID: map[string]int{}}
+	sub, err := nf.nc.Subscribe(nf.subject, func(m *nats.Msg) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.byID[m.Header.Get(jetstream.MsgIDHeader)]++
+		c.all++
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := nf.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return c
+}
+
+func (c *subjectCounter) counts() (distinct, all int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.byID), c.all
+}
+
+// Two idem serve processes on one SQLite file run two dispatchers on one
+// outbox: in a run without faults each event is published exactly once
+// (counted on the wire); when one is killed, the other publishes what it
+// left, and no event is lost.
+func TestEventsNATSTwoDispatchers(t *testing.T) {
+	t.Parallel()
+	nf := newNATS(t)
+	counter := countSubject(t, nf)
+	path := t.TempDir() + "/serve.db"
+	args := []string{"--db", path, "--events", nf.url, "--events-subject", nf.subject, "--access-log=false", "--events-lease", "5s"}
+	a := startServer(t, "serve-a", args...)
+	b := startServer(t, "serve-b", args...)
+	db := openRO(t, path)
+
+	prefix := "two-" + randomName(4)
+	payMany := func(from, to int, servers ...*server) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, to-from)
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := from + w; i < to; i += 4 {
+					s := servers[i%len(servers)]
+					r, err := pay(httpClient, s, fmt.Sprintf("%s-%d", prefix, i), paymentBody(100+i, "two"))
+					if err == nil && r.status != http.StatusCreated {
+						err = fmt.Errorf("payment %d: %v", i, r)
+					}
+					if err != nil {
+						errs <- err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	const first = 300
+	payMany(0, first, a, b)
+	eventually(t, 60*time.Second, 50*time.Millisecond, "every event published", func() (bool, error) {
+		d, _ := counter.counts()
+		return d == first && queryInt(t, db, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL") == 0, nil
+	})
+	if d, all := counter.counts(); all != d {
+		t.Errorf("%d publishes of %d events without faults, want each published once", all, d)
+	}
+
+	// Kill a while it dispatches; b publishes what it left (after a's
+	// claims run out).
+	const second = 200
+	go func() { payMany(first, first+second, b) }()
+	payMany(first+second, first+2*second, a)
+	a.kill(t)
+	eventually(t, 60*time.Second, 50*time.Millisecond, "every event published after a dispatcher was killed", func() (bool, error) {
+		d, _ := counter.counts()
+		return d == first+2*second, nil
+	})
+	if n := queryInt(t, db, "SELECT COUNT(*) FROM payments"); n != first+2*second {
+		t.Errorf("%d payments, want %d", n, first+2*second)
+	}
+	s, err := nf.js.Stream(testContext(t), nf.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != first+2*second {
+		t.Errorf("the stream holds %d messages, want %d (JetStream drops re-published ids)", info.State.Msgs, first+2*second)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/events"
@@ -16,12 +17,14 @@ import (
 // eventsFlags are idem serve's flags for the payment.created events.
 type eventsFlags struct {
 	url, subject, failReference *string
+	lease                       *time.Duration
 }
 
 func (f *flags) eventsFlags() eventsFlags {
 	return eventsFlags{
 		url:           f.String("events", "", "publish a payment.created event for every payment to this broker:\nnats://HOST:4222 (JetStream) or amqp://USER:PASS@HOST:5672/; the event\ncommits in the payment's transaction (an outbox) and a dispatcher\npublishes it at least once"),
 		subject:       f.String("events-subject", events.DefaultSubject, "the events' NATS subject or AMQP routing key"),
+		lease:         f.Duration("events-lease", outbox.DefaultLease, "how long a dispatcher's claim holds events it is publishing; another\nprocess's dispatcher publishes them after it if this one died"),
 		failReference: f.String("fail-reference", "", "make payments with this reference fail (500) after they were\nwritten, to show that a failed payment leaves no row and no event"),
 	}
 }
@@ -30,6 +33,9 @@ func (f *flags) eventsFlags() eventsFlags {
 func (ef eventsFlags) check(sameDB bool) error {
 	if *ef.url == "" {
 		return nil
+	}
+	if *ef.lease < time.Second {
+		return fmt.Errorf("--events-lease must be at least 1s, not %v", *ef.lease)
 	}
 	if _, err := events.BrokerOf(*ef.url); err != nil {
 		return err
@@ -75,7 +81,7 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, logger *slog
 	if err != nil {
 		return nil, nil, err
 	}
-	d, err := outbox.NewDispatcher(ob, conn.Publisher, &outbox.Config{Logger: logger})
+	d, err := outbox.NewDispatcher(ob, conn.Publisher, &outbox.Config{Logger: logger, Lease: *ef.lease, PublishTimeout: min(outbox.DefaultPublishTimeout, *ef.lease/3)})
 	if err != nil {
 		conn.Close()
 		return nil, nil, err
