@@ -157,6 +157,12 @@ type ConsumeConfig struct {
 	RetryDelay time.Duration
 	// Prefetch is how many messages the client buffers. Defaults to 100.
 	Prefetch int
+	// PullExpiry is how long one pull request waits on the server. It also
+	// bounds how long the pull requests of a consumer process that died
+	// keep taking messages (which then wait out the consumer's AckWait
+	// before redelivery), so it is shorter than the client's 30-second
+	// default. Defaults to 5 seconds.
+	PullExpiry time.Duration
 	// Logger receives handler failures and dropped messages. Defaults to
 	// discarding.
 	Logger *slog.Logger
@@ -184,10 +190,13 @@ func Consume(ctx context.Context, cons jetstream.Consumer, in *inbox.Inbox, h in
 	if c.Prefetch == 0 {
 		c.Prefetch = 100
 	}
+	if c.PullExpiry == 0 {
+		c.PullExpiry = 5 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(c.Prefetch))
+	it, err := cons.Messages(jetstream.PullMaxMessages(c.Prefetch), jetstream.PullExpiry(c.PullExpiry))
 	if err != nil {
 		return fmt.Errorf("natsidem: consume: %w", err)
 	}

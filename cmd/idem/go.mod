@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idemhq/idem v0.2.0
+	github.com/idemhq/idem/amqpidem v0.2.0
 	github.com/idemhq/idem/natsidem v0.2.0
 	github.com/idemhq/idem/outbox v0.2.0
 	github.com/idemhq/idem/sqliteoutbox v0.2.0
@@ -22,6 +23,7 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/rabbitmq/amqp091-go v1.16.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect

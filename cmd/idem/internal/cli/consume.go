@@ -30,6 +30,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	db := f.String("db", "ledger.db", "the SQLite file holding the ledger and the inbox records")
 	addr := f.String("addr", "127.0.0.1:8081", "address to listen on (host:port; port 0 picks a free port)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a handled message id is remembered (the deduplication\nwindow; longer than the broker redelivers a message)")
+	lease := f.Duration("lease", 5*time.Second, "how long a message being handled stays claimed without renewal (renewed\nwhile it runs); a redelivery after a crash waits this long")
 	ackWait := f.Duration("ack-wait", 30*time.Second, "how long the broker waits for an acknowledgement before it delivers\na message again (JetStream; RabbitMQ redelivers when a consumer's\nconnection closes)")
 	logFormat := f.String("log-format", "text", "log format: text or json")
 	if code, ok := f.parse(args); !ok {
@@ -57,6 +58,9 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err := positiveDuration("ack-wait", *ackWait, false); err != nil {
 		return f.usageError("%v", err)
 	}
+	if *lease < idem.MinLease || *ttl < *lease {
+		return f.usageError("--lease must be at least %v and not longer than --ttl", idem.MinLease)
+	}
 	if *db == "" || *db == "memory" {
 		return f.usageError("--db must be a SQLite file path")
 	}
@@ -72,7 +76,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		logger.Error("cannot create the ledger table", "error", err)
 		return exitError
 	}
-	exec, err := idem.NewExecutor(store, &idem.Config{TTL: *ttl, Logger: logger})
+	exec, err := idem.NewExecutor(store, &idem.Config{Lease: *lease, TTL: *ttl, Logger: logger})
 	if err != nil {
 		return f.usageError("%v", err)
 	}
