@@ -86,7 +86,8 @@ func isCommand(dir string) (bool, error) {
 
 // SiblingVersion returns the one version at which the modules require each
 // other. It is an error for two requirements to differ (scripts/release.sh
-// bumps them together) or for no module to require a sibling.
+// bumps them together), for no module to require a sibling, or for a
+// published module to have a replace directive.
 func SiblingVersion(mods []Module) (string, error) {
 	paths := map[string]bool{}
 	for _, m := range mods {
@@ -98,9 +99,14 @@ func SiblingVersion(mods []Module) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		f, err := modfile.ParseLax(filepath.Join(m.Dir, "go.mod"), data, nil)
+		f, err := modfile.Parse(filepath.Join(m.Dir, "go.mod"), data, nil)
 		if err != nil {
 			return "", err
+		}
+		if len(f.Replace) > 0 && m.Published() {
+			// A user's build ignores them, and go install PATH@VERSION
+			// refuses a module that has them: go.work does the wiring.
+			return "", fmt.Errorf("%s/go.mod has a replace directive (%s): published modules must not", m.Rel, f.Replace[0].Old)
 		}
 		for _, r := range f.Require {
 			if !paths[r.Mod.Path] {

@@ -67,7 +67,7 @@ func TestInstallFromProxy(t *testing.T) {
 	}
 	run := func(args ...string) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir = user
