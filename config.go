@@ -84,8 +84,18 @@ func DefaultOutcome(status int) Outcome {
 }
 
 // Config configures an Executor or a Middleware. A nil *Config means every
-// default, and so does each zero field. Fields marked "Middleware only" are
-// ignored by NewExecutor.
+// default, and so does each zero field. The fields, by what they govern:
+//
+//   - records: Lease, TTL, Wait, RetryAfter, OutcomeFunc;
+//   - the store and the clock: StoreTimeout, NowFunc;
+//   - observability: Observer, Logger;
+//   - which requests need a key, and how they are identified (Middleware
+//     only): Requirement, RequiredMethods, ValidateKeyFunc, TenantFunc,
+//     OperationFunc, FingerprintFunc;
+//   - limits and answers (Middleware only): MaxRequestBody,
+//     MaxResponseBody, ReplayDenyHeaders, FailOpen, ErrorFunc.
+//
+// NewExecutor ignores the fields marked "Middleware only".
 type Config struct {
 	// Lease is how long a claim owns a record without renewal. The owner
 	// renews it every third of a lease while the operation runs, so an
@@ -136,14 +146,10 @@ type Config struct {
 	Observer Observer
 
 	// Logger receives warnings and errors (store failures, lost leases,
-	// take-overs). Keys are logged as RedactKey gives them unless LogKeys
-	// is set. Defaults to slog.Default().
+	// take-overs). Keys appear only as RedactKey gives them: clients
+	// sometimes build keys from order or user identifiers. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
-
-	// LogKeys logs idempotency keys in clear. Keys may be sensitive
-	// (clients sometimes build them from order or user identifiers).
-	// Defaults to false.
-	LogKeys bool
 
 	// Requirement says which requests need a key. Middleware only. Defaults
 	// to KeyByMethod.
@@ -159,12 +165,12 @@ type Config struct {
 	// only. Defaults to none.
 	ValidateKeyFunc func(key string) error
 
-	// ScopeFunc returns the tenant or principal a request belongs to; the
+	// TenantFunc returns the tenant or principal a request belongs to; the
 	// record scope is this tenant plus the operation, so tenants never see
 	// each other's records. An error is answered as it is if it is a
 	// *Problem, and otherwise with 400 idempotency.scope_invalid. Middleware
 	// only. Defaults to a single scope for everyone.
-	ScopeFunc func(r *http.Request) (string, error)
+	TenantFunc func(r *http.Request) (string, error)
 
 	// OperationFunc names the operation a request invokes. Middleware only.
 	// Defaults to the request's ServeMux pattern (http.Request.Pattern) or,

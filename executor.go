@@ -238,7 +238,7 @@ func (e *Executor) claim(ctx context.Context, cp ClaimParams) (ClaimResult, erro
 func (e *Executor) storeFailure(ctx context.Context, p DoParams, start time.Time, op string, err error) error {
 	err = fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
 	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store failed", slog.String("operation", p.Operation),
-		e.cfg.keyAttr(p.Key), slog.Any("error", err))
+		keyAttr(p.Key), slog.Any("error", err))
 	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: 503, Code: CodeStoreUnavailable, Err: err}, start)
 	return err
 }
@@ -274,7 +274,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	res.TookOver = cr.TookOver
 	if cr.TookOver {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: took over a record whose lease had expired",
-			slog.String("operation", p.Operation), e.cfg.keyAttr(p.Key))
+			slog.String("operation", p.Operation), keyAttr(p.Key))
 	}
 	// Store calls made for the execution (renewals, the transaction, the
 	// outcome) keep the request's values but not its cancellation: work
@@ -373,7 +373,7 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 			// who then has no reason to retry. The record stays in flight
 			// until its lease expires.
 			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: storing the response failed; sending it unstored",
-				slog.String("operation", x.p.Operation), e.cfg.keyAttr(x.p.Key), slog.Any("error", err))
+				slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
 			e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Status: resp.StatusCode, Err: err}, x.start)
 			return nil
 		}
@@ -411,7 +411,7 @@ func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error 
 	err := e.store.Release(sctx, p)
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: release failed; the key stays blocked until its lease expires",
-			slog.String("operation", x.p.Operation), e.cfg.keyAttr(x.p.Key), slog.Any("error", err))
+			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
 		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Err: err}, x.start)
 	}
 	return err
@@ -439,7 +439,7 @@ func completeWith(ctx context.Context, complete func(context.Context, CompletePa
 
 func (e *Executor) leaseLost(ctx context.Context, x *execution, err error) error {
 	e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost; the result was discarded",
-		slog.String("operation", x.p.Operation), e.cfg.keyAttr(x.p.Key))
+		slog.String("operation", x.p.Operation), keyAttr(x.p.Key))
 	e.emit(ctx, Event{Kind: EventLeaseLost, Operation: x.p.Operation, Status: 503, Code: CodeLeaseLost, TookOver: x.tookOver, Err: err}, x.start)
 	return err
 }
@@ -522,7 +522,7 @@ func (r *renewer) fire() {
 // report tells the observer and the log how a renewal went, and cancels
 // the operation if its lease is gone. It runs outside the renewer's lock.
 func (r *renewer) report(err error, leaseOver bool) {
-	op, key := slog.String("operation", r.x.p.Operation), r.e.cfg.keyAttr(r.params.Key)
+	op, key := slog.String("operation", r.x.p.Operation), keyAttr(r.params.Key)
 	switch {
 	case err == nil:
 		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.p.Operation}, r.x.start)

@@ -135,8 +135,8 @@ func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request) (DoParams, 
 		return p, problem
 	}
 	tenant := ""
-	if m.cfg.ScopeFunc != nil {
-		if tenant, err = m.cfg.ScopeFunc(r); err != nil {
+	if m.cfg.TenantFunc != nil {
+		if tenant, err = m.cfg.TenantFunc(r); err != nil {
 			return p, asProblem(err, CodeScopeInvalid, "The request's scope cannot be determined")
 		}
 	}

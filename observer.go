@@ -89,12 +89,6 @@ type Observer interface {
 	Observe(ctx context.Context, e Event)
 }
 
-// ObserverFunc adapts a function to Observer.
-type ObserverFunc func(ctx context.Context, e Event)
-
-// Observe calls f(ctx, e).
-func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
-
 // RedactKey returns the form in which idem logs an idempotency key:
 // "sha256:" and the first 12 hex digits of the key's SHA-256. Equal keys
 // redact alike (in every tenant and operation), so an operator can follow
@@ -111,9 +105,7 @@ type redactedKey string
 
 func (k redactedKey) LogValue() slog.Value { return slog.StringValue(RedactKey(string(k))) }
 
-func (c *Config) keyAttr(key string) slog.Attr {
-	if c.LogKeys {
-		return slog.String("key", key)
-	}
+// keyAttr is the log attribute of an idempotency key.
+func keyAttr(key string) slog.Attr {
 	return slog.Any("key", redactedKey(key))
 }
