@@ -47,7 +47,7 @@ func ExampleConfig_keyHeader() {
 	}
 	deliver("msg_2KWPBgLlAfxdpx2AI54pPJ85f4W")
 	deliver("msg_2KWPBgLlAfxdpx2AI54pPJ85f4W") // the sender's retry
-	deliver("")                               // no id: refused
+	deliver("")                                // no id: refused
 	fmt.Println("processed:", processed)
 	// Output:
 	// 204 false
