@@ -19,12 +19,14 @@
 package sqliteoutbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -185,6 +187,8 @@ func (s *Store) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Messa
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqliteoutbox: claim: %w", err)
 	}
+	// RETURNING has no order of its own.
+	slices.SortFunc(msgs, func(a, b outbox.Message) int { return cmp.Compare(a.Seq, b.Seq) })
 	return msgs, nil
 }
 

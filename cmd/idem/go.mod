@@ -7,8 +7,10 @@ require (
 	github.com/idemhq/idem/amqpidem v0.2.0
 	github.com/idemhq/idem/natsidem v0.2.0
 	github.com/idemhq/idem/outbox v0.2.0
+	github.com/idemhq/idem/pgoutbox v0.2.0
 	github.com/idemhq/idem/sqliteoutbox v0.2.0
 	github.com/nats-io/nats.go v1.55.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	go.yaml.in/yaml/v3 v3.0.6
 )
 
@@ -23,7 +25,6 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	github.com/rabbitmq/amqp091-go v1.16.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect

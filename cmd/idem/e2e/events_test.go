@@ -490,3 +490,53 @@ func TestEventsNATSTwoDispatchers(t *testing.T) {
 		t.Errorf("the stream holds %d messages, want %d (JetStream drops re-published ids)", info.State.Msgs, first+2*second)
 	}
 }
+
+// On PostgreSQL the event commits in the payment's transaction too (the
+// outbox table in the records' schema): with idem serve killed during the
+// run, every payment's event is booked once and the outbox is drained.
+func TestEventsPostgresOutbox(t *testing.T) {
+	t.Parallel()
+	nf := newNATS(t)
+	db := newPGDatabase(t)
+	args := []string{"--db", db.url, "--events", nf.URL(), "--events-subject", nf.Subject(), "--lease", "2s",
+		"--events-lease", "3s", "--access-log=false", "--fail-reference", "fail-me"}
+	var mu sync.Mutex
+	srv := startServer(t, "serve-pg-0", args...)
+	current := func() *server { mu.Lock(); defer mu.Unlock(); return srv }
+	cons := startCommand(t, "consume", "consume", "--db", t.TempDir()+"/consume.db", "--events", nf.URL(), "--events-subject", nf.Subject(), "--lease", "1s", "--ack-wait", "2s")
+
+	const total = 60
+	prefix := "pg-" + randomName(4)
+	deadline := time.Now().Add(2 * time.Minute)
+	for i := range total {
+		if i == total/2 {
+			current().kill(t)
+			next := startServer(t, "serve-pg-1", args...)
+			mu.Lock()
+			srv = next
+			mu.Unlock()
+		}
+		if _, err := payUntilCreated(t, current, fmt.Sprintf("%s-%d", prefix, i), paymentBody(100+i, "pg"), deadline); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := mustPay(t, current(), prefix+"-fail", paymentBody(1, "fail-me")); r.status != http.StatusInternalServerError {
+		t.Fatalf("failing payment: %v", r)
+	}
+	eventually(t, 60*time.Second, 100*time.Millisecond, "every event booked and marked sent", func() (bool, error) {
+		n, err := ledgerCount(cons)
+		if err != nil || n < total {
+			return false, err
+		}
+		var unsent int64
+		err = db.pool.QueryRow(testContext(t), `SELECT COUNT(*) FROM idem.outbox WHERE sent_at IS NULL`).Scan(&unsent)
+		return unsent == 0, err
+	})
+	var rows int64
+	if err := db.pool.QueryRow(testContext(t), `SELECT COUNT(*) FROM idem.outbox`).Scan(&rows); err != nil || rows != total {
+		t.Errorf("%d outbox rows (%v), want %d (none for the failed payment)", rows, err, total)
+	}
+	if n, err := ledgerCount(cons); err != nil || n != total {
+		t.Errorf("ledger count %d (%v), want %d", n, err, total)
+	}
+}

@@ -52,14 +52,11 @@ func (ef eventsFlags) check(sameDB bool) error {
 // start sets up the outbox in db and runs its dispatcher until ctx ends;
 // it returns the hook that adds a payment's event in the payment's
 // transaction, and a function that waits for the dispatcher to stop.
-func (ef eventsFlags) start(ctx context.Context, db *backend.Store, logger *slog.Logger) (func(context.Context, payments.Payment, string) error, func(), error) {
+func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string, logger *slog.Logger) (func(context.Context, payments.Payment, string) error, func(), error) {
 	if *ef.url == "" {
 		return nil, func() {}, nil
 	}
-	var ob interface {
-		outbox.Store
-		Add(ctx context.Context, msgs ...outbox.Message) error
-	}
+	var ob addStore
 	switch {
 	case db.SQLite != nil:
 		s, err := sqliteoutbox.New(db.SQLite.DB(), nil)
@@ -71,7 +68,7 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, logger *slog
 		}
 		ob = s
 	default:
-		s, err := newPGOutbox(ctx, db)
+		s, err := newPGOutbox(ctx, db, spec)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -122,7 +122,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
 	evctx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
-	if svc.OnCreateFunc, waitEvents, err = ef.start(evctx, dbStore, logger); err != nil {
+	if svc.OnCreateFunc, waitEvents, err = ef.start(evctx, dbStore, *db, logger); err != nil {
 		logger.Error("cannot set up the events", "error", err)
 		return exitError
 	}
