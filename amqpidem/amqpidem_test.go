@@ -39,7 +39,7 @@ type fixture struct {
 	conn     *amqp.Connection
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	dial := amqpidem.Dial(amqpURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -71,7 +71,7 @@ func setup(t *testing.T) *fixture {
 
 func (f *fixture) topology() amqpidem.TopologyFunc { return amqpidem.Declare(f.exchange, f.queue, f.key) }
 
-func (f *fixture) ready(t *testing.T) int {
+func (f *fixture) ready(t testing.TB) int {
 	t.Helper()
 	ch, err := f.conn.Channel()
 	if err != nil {

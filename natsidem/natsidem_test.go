@@ -34,7 +34,7 @@ func natsURL() string {
 
 // connect connects to the test server, skipping the test when it is
 // unreachable on a developer's machine and failing it in CI.
-func connect(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+func connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(natsURL(), nats.Timeout(3*time.Second))
 	if err != nil {
@@ -54,7 +54,7 @@ func connect(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 
 // subject returns a subject of the test's own; its stream is deleted at
 // the end.
-func subject(t *testing.T, js jetstream.JetStream) string {
+func subject(t testing.TB, js jetstream.JetStream) string {
 	t.Helper()
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
