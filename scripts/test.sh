@@ -46,6 +46,7 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem/idemclient FuzzRetryAfter
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidate
 		github.com/idemhq/idem/outbox FuzzHeaders
+		github.com/idemhq/idem/cmd/idem/internal/events FuzzValidateSubject
 	EOF
 fi
 
