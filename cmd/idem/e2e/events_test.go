@@ -238,22 +238,57 @@ func testExactlyOnceThroughKills(t *testing.T, nf brokerFixture, consumeFlags ..
 		}
 	}()
 
-	// Kill one process or the other at points spread over the run.
-	for k, at := range []int64{60, 120, 180, 250, 320, 400} {
+	// Kill one process or the other at points spread over the run. The
+	// consumer is also killed while it works through a backlog (it was
+	// down while payments went on), so that a kill lands between a
+	// delivery and its acknowledgement.
+	waitFor := func(at int64) {
+		t.Helper()
 		eventually(t, 2*time.Minute, 20*time.Millisecond, fmt.Sprintf("%d payments", at), func() (bool, error) {
 			return done.Load() >= at || len(errs) > 0, nil
 		})
-		if k%2 == 0 {
-			current().kill(t)
-			t.Logf("killing serve after %d payments, %v", done.Load(), time.Since(began).Round(time.Millisecond))
-			next := startServer(t, fmt.Sprintf("serve-%d", k/2+1), serveArgs...)
-			mu.Lock()
-			srv = next
-			mu.Unlock()
-		} else {
-			cons.kill(t)
-			cons = startCommand(t, fmt.Sprintf("consume-%d", k/2+1), "consume", consumeArgs...)
+	}
+	kills := 0
+	restartServe := func() {
+		t.Helper()
+		t.Logf("killing serve after %d payments, %v", done.Load(), time.Since(began).Round(time.Millisecond))
+		current().kill(t)
+		kills++
+		next := startServer(t, fmt.Sprintf("serve-%d", kills), serveArgs...)
+		mu.Lock()
+		srv = next
+		mu.Unlock()
+	}
+	for _, at := range []int64{60, 220, 400} {
+		waitFor(at)
+		restartServe()
+		if at == 400 {
+			break
 		}
+		// The consumer goes down for 60 payments, then is killed again
+		// as soon as it has booked one of its backlog.
+		waitFor(at + 40)
+		cons.kill(t)
+		waitFor(at + 100)
+		before, err := ledgerCount(cons)
+		if err == nil {
+			t.Fatalf("the killed consumer answered (%d)", before)
+		}
+		counted := func() int64 {
+			db := openRO(t, consumePath)
+			return queryInt(t, db, "SELECT COUNT(*) FROM ledger")
+		}
+		base := counted()
+		// Slow bookings: the backlog takes a while, and the kill lands
+		// between a delivery and its acknowledgement.
+		cons = startCommand(t, fmt.Sprintf("consume-%d-a", at), "consume", append(consumeArgs, "--op-delay", "20ms")...)
+		eventually(t, time.Minute, time.Millisecond, "the restarted consumer booking", func() (bool, error) {
+			n, err := ledgerCount(cons)
+			return n > base, err
+		})
+		cons.kill(t)
+		t.Logf("consumer killed with a backlog after %v", time.Since(began).Round(time.Millisecond))
+		cons = startCommand(t, fmt.Sprintf("consume-%d-b", at), "consume", consumeArgs...)
 	}
 	wg.Wait()
 	close(errs)
@@ -263,7 +298,7 @@ func testExactlyOnceThroughKills(t *testing.T, nf brokerFixture, consumeFlags ..
 	if t.Failed() {
 		t.FailNow()
 	}
-	t.Logf("%d payments made through 3 kills of each process after %v", total, time.Since(began).Round(time.Millisecond))
+	t.Logf("%d payments made through 3 kills of serve and 4 of consume after %v", total, time.Since(began).Round(time.Millisecond))
 
 	// A payment that fails after writing its rows rolls its event back.
 	for i := range 3 {

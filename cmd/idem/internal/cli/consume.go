@@ -32,6 +32,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a handled message id is remembered (the deduplication\nwindow; longer than the broker redelivers a message)")
 	lease := f.Duration("lease", 5*time.Second, "how long a message being handled stays claimed without renewal (renewed\nwhile it runs); a redelivery after a crash waits this long")
 	ackWait := f.Duration("ack-wait", 30*time.Second, "how long the broker waits for an acknowledgement before it delivers\na message again (JetStream; RabbitMQ redelivers when a consumer's\nconnection closes)")
+	opDelay := f.Duration("op-delay", 0, "make each booking wait this long before it commits, to make the window\nbetween a delivery and its acknowledgement visible in demos and tests")
 	logFormat := f.String("log-format", "text", "log format: text or json")
 	if code, ok := f.parse(args); !ok {
 		return code
@@ -58,6 +59,9 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err := positiveDuration("ack-wait", *ackWait, false); err != nil {
 		return f.usageError("%v", err)
 	}
+	if err := positiveDuration("op-delay", *opDelay, true); err != nil {
+		return f.usageError("%v", err)
+	}
 	if *lease < idem.MinLease || *ttl < *lease {
 		return f.usageError("--lease must be at least %v and not longer than --ttl", idem.MinLease)
 	}
@@ -71,7 +75,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitError
 	}
 	defer store.Close()
-	ledger := &events.Ledger{Store: store}
+	ledger := &events.Ledger{Store: store, OpDelay: *opDelay}
 	if err := ledger.Migrate(ctx); err != nil {
 		logger.Error("cannot create the ledger table", "error", err)
 		return exitError

@@ -31,6 +31,10 @@ type Ledger struct {
 	Store *sqlitestore.Store
 	// NowFunc stamps bookings. Defaults to time.Now.
 	NowFunc func() time.Time
+	// OpDelay makes each booking wait this long before it writes, to make
+	// the window between a delivery and its acknowledgement visible in
+	// demos and tests.
+	OpDelay time.Duration
 }
 
 // Migrate creates the ledger table.
@@ -59,6 +63,15 @@ func (l *Ledger) Book(ctx context.Context, m inbox.Message) error {
 	var e PaymentCreated
 	if err := json.Unmarshal(m.Payload, &e); err != nil || e.Type != TypePaymentCreated || e.PaymentID == "" {
 		return fmt.Errorf("ledger: not a payment.created event: %v", err)
+	}
+	if l.OpDelay > 0 {
+		t := time.NewTimer(l.OpDelay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		}
 	}
 	tx, err := sqlitestore.Tx(ctx)
 	if err != nil {
