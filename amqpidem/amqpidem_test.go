@@ -69,7 +69,9 @@ func setup(t testing.TB) *fixture {
 	return f
 }
 
-func (f *fixture) topology() amqpidem.TopologyFunc { return amqpidem.Declare(f.exchange, f.queue, f.key) }
+func (f *fixture) topology() amqpidem.TopologyFunc {
+	return amqpidem.Declare(f.exchange, f.queue, f.key)
+}
 
 func (f *fixture) ready(t testing.TB) int {
 	t.Helper()
