@@ -96,6 +96,7 @@ type serverFlags struct {
 	addr, logFormat *string
 	accessLog       *bool
 	wait, cleanup   *time.Duration
+	shutdown        *time.Duration
 }
 
 func (f *flags) serverFlags() serverFlags {
@@ -105,6 +106,7 @@ func (f *flags) serverFlags() serverFlags {
 		logFormat: f.String("log-format", "text", "log format: text or json"),
 		accessLog: f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
 		cleanup:   f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
+		shutdown:  f.Duration("shutdown-timeout", defaultShutdownTimeout, "on SIGTERM or SIGINT, how long in-flight requests may finish; then\nthe process exits anyway (status 1), whatever its store is doing"),
 	}
 }
 

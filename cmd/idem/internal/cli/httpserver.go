@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,14 +22,18 @@ const (
 	readHeaderTimeout = 10 * time.Second
 	readTimeout       = 60 * time.Second
 	idleTimeout       = 120 * time.Second
-	shutdownTimeout   = 30 * time.Second
+	// defaultShutdownTimeout is --shutdown-timeout's default.
+	defaultShutdownTimeout = 30 * time.Second
 	maxHeaderBytes    = 64 << 10
 )
 
 // serveHTTP runs h on ln until ctx ends, then shuts down gracefully: it
 // stops accepting, lets in-flight requests finish (and complete their
-// records), and returns. extraWrite is added to the write timeout.
-func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger, extraWrite time.Duration) error {
+// records) for up to grace, and returns. Requests still running then (a
+// store that stopped answering, an upstream that never does) have their
+// connections closed and are abandoned: the caller returns and the process
+// exits. extraWrite is added to the write timeout.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger, extraWrite, grace time.Duration) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -46,10 +51,16 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slo
 		return err
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down: waiting for in-flight requests", "timeout", shutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	logger.Info("shutting down: waiting for in-flight requests", "timeout", grace)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	err := srv.Shutdown(sctx)
+	if err != nil {
+		// The grace period passed: close every connection, which cancels
+		// the requests' contexts, and stop waiting for their handlers.
+		_ = srv.Close()
+		err = fmt.Errorf("in-flight requests did not finish within the shutdown timeout (%v); abandoned them: %w", grace, err)
+	}
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
 	}
@@ -162,4 +173,12 @@ func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int, pac
 		}
 	}
 	return total, nil
+}
+
+// closeStore closes a store at exit, within a bound (see
+// backend.Store.Close), and logs a failure.
+func closeStore(s *backend.Store, logger *slog.Logger) {
+	if err := s.Close(); err != nil {
+		logger.Warn("closing the store", "error", err)
+	}
 }

@@ -58,6 +58,12 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := positiveDuration("cleanup-interval", *sf.cleanup, true); err != nil {
 		return f.usageError("%v", err)
 	}
+	if err := positiveDuration("shutdown-timeout", *sf.shutdown, false); err != nil {
+		return f.usageError("%v", err)
+	}
+	if _, err := backend.KindOf(*storeSpec); err != nil {
+		return f.usageError("--store: %v", err)
+	}
 	base := proxy.DefaultSettings()
 	base.Lease, base.TTL, base.Wait, base.UpstreamTimeout = *lease, *ttl, *sf.wait, *upstreamTimeout
 	base.ScopeHeader = *scopeHeader
@@ -101,7 +107,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot open the store", "store", *storeSpec, "error", err)
 		return exitError
 	}
-	defer store.Close()
+	defer closeStore(store, logger)
 
 	m := metrics.New()
 	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger}
@@ -166,14 +172,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	adminErr := make(chan error, 1)
 	if adminLn != nil {
 		go func() {
-			err := serveHTTP(sctx, adminLn, accessLog(logger, *sf.accessLog, admin), logger, 0)
+			err := serveHTTP(sctx, adminLn, accessLog(logger, *sf.accessLog, admin), logger, 0, *sf.shutdown)
 			stop()
 			adminErr <- err
 		}()
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, handler), logger, px.MaxHandlerTime())
+	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, handler), logger, px.MaxHandlerTime(), *sf.shutdown)
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {

@@ -45,7 +45,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		name      string
 		d         time.Duration
 		allowZero bool
-	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}} {
+	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}, {"shutdown-timeout", *sf.shutdown, false}} {
 		if err := positiveDuration(c.name, c.d, c.allowZero); err != nil {
 			return f.usageError("%v", err)
 		}
@@ -56,8 +56,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
 	}
-	if k := backend.KindOf(*db); k != backend.SQLite && k != backend.Postgres {
+	if k, err := backend.KindOf(*db); err != nil {
+		return f.usageError("--db: %v", err)
+	} else if k != backend.SQLite && k != backend.Postgres {
 		return f.usageError("--db must be a SQLite file path or a postgres:// URL (records can go to Redis with --store)")
+	}
+	if *storeSpec != "" {
+		if _, err := backend.KindOf(*storeSpec); err != nil {
+			return f.usageError("--store: %v", err)
+		}
 	}
 
 	// Payments and records in one PostgreSQL database: the payment's
@@ -69,14 +76,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot open the database", "db", *db, "error", err)
 		return exitError
 	}
-	defer dbStore.Close()
+	defer closeStore(dbStore, logger)
 	records := dbStore
 	if !sameDB {
 		if records, err = backend.Open(ctx, *storeSpec); err != nil {
 			logger.Error("cannot open the records store", "store", *storeSpec, "error", err)
 			return exitError
 		}
-		defer records.Close()
+		defer closeStore(records, logger)
 	}
 	var repo payments.Repo
 	if dbStore.SQLite != nil {
@@ -140,7 +147,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer stopCleanup()
 	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay, *sf.shutdown); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}
