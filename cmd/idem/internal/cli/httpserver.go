@@ -24,7 +24,7 @@ const (
 	idleTimeout       = 120 * time.Second
 	// defaultShutdownTimeout is --shutdown-timeout's default.
 	defaultShutdownTimeout = 30 * time.Second
-	maxHeaderBytes    = 64 << 10
+	maxHeaderBytes         = 64 << 10
 )
 
 // serveHTTP runs h on ln until ctx ends, then shuts down gracefully: it
