@@ -30,7 +30,7 @@ Example:
     http://127.0.0.1:8080/api/payments`
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("check", checkAbout, stderr)
+	f := newFlags("check", checkAbout, stdout, stderr)
 	method := f.String("method", check.DefaultMethod, "request method")
 	body := f.String("body", "", "request body sent by every check (@file reads a file)")
 	variant := f.String("variant", "", "a different body, sent with a used key (expects 422); default:\nthe body with its first member changed (@file reads a file)")

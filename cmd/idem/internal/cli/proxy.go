@@ -34,7 +34,7 @@ checked) and GET /metrics (Prometheus) itself, unless --admin-addr moves them
 to their own listener; every other request is forwarded.`
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("proxy", proxyAbout, stderr)
+	f := newFlags("proxy", proxyAbout, stdout, stderr)
 	sf := f.serverFlags()
 	upstreamURL := f.String("upstream", "", "base URL of the service to protect, such as http://127.0.0.1:9000\n(required)")
 	storeSpec := f.String("store", "idem-proxy.db", "where records live: a SQLite file path, a postgres:// URL\n(?idem_schema=NAME picks the schema), a redis:// URL (?prefix=TEXT\nstarts every key), or memory (this process only)")

@@ -31,6 +31,8 @@ func TestProxyFlagErrors(t *testing.T) {
 		{[]string{"--upstream", "http://h", "--scope-header", "Bad Header"}, `--scope-header: scope-header "Bad Header" is not a valid header name`},
 		{[]string{"--upstream", "http://h", "--log-format", "xml"}, "--log-format must be text or json"},
 		{[]string{"--upstream", "http://h", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--upstream", "http://h", "--store", "mysql://x"}, `--store: "mysql://x" is not a store idem knows`},
+		{[]string{"--upstream", "http://h", "--store", "localhost:6379"}, `--store: "localhost:6379" is a server address, not a file`},
 	} {
 		var stderr syncBuffer
 		code := Main(context.Background(), append([]string{"proxy"}, c.args...), io.Discard, &stderr)
@@ -43,7 +45,7 @@ func TestProxyFlagErrors(t *testing.T) {
 func TestProxyHelp(t *testing.T) {
 	t.Parallel()
 	var stderr syncBuffer
-	if code := Main(context.Background(), []string{"proxy", "--help"}, io.Discard, &stderr); code != exitOK {
+	if code := Main(context.Background(), []string{"proxy", "--help"}, &stderr, io.Discard); code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
 	for _, w := range []string{"--upstream  [IDEM_UPSTREAM]", "--store  [IDEM_STORE] (default idem-proxy.db)", "--check-config",

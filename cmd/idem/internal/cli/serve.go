@@ -24,7 +24,7 @@ Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
 GET /healthz, GET /metrics (Prometheus).`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("serve", serveAbout, stderr)
+	f := newFlags("serve", serveAbout, stdout, stderr)
 	sf := f.serverFlags()
 	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, or a postgres:// URL")
 	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
