@@ -122,6 +122,7 @@ func TestProxyServesAndStops(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(`{"amount":1}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", "k-1")
+		req.Header.Set("Authorization", "Bearer client-1")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -26,6 +26,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +56,10 @@ const (
 	// CodeUpstreamTimeout (504): the upstream did not answer within the
 	// route's upstream timeout. It may still act on the request.
 	CodeUpstreamTimeout = "proxy.upstream_timeout"
+	// CodeLoopDetected (508): the request already passed through this
+	// proxy (its Via field names it): the upstream leads back to the
+	// proxy. It is not forwarded again.
+	CodeLoopDetected = "proxy.loop_detected"
 )
 
 // problemTypeBase prefixes a proxy problem code to form its type URI.
@@ -109,6 +115,10 @@ type Proxy struct {
 	upstream *url.URL
 	rp       *httputil.ReverseProxy
 	logger   *slog.Logger
+	// via is this proxy's pseudonym in the Via field of the requests it
+	// forwards ("idem-" and random hex, new for every Proxy), by which it
+	// recognises a request that comes back to it.
+	via string
 
 	mux      *http.ServeMux
 	routes   map[string]*route
@@ -150,7 +160,7 @@ func New(cfg *Config) (*Proxy, error) {
 		t.DisableCompression = true
 		transport = t
 	}
-	p := &Proxy{upstream: u, logger: logger, routes: map[string]*route{}}
+	p := &Proxy{upstream: u, logger: logger, routes: map[string]*route{}, via: "idem-" + strings.ToLower(rand.Text()[:12])}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
 		Transport:      transport,
@@ -258,6 +268,15 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 // another method) uses the defaults. The upstream, not the proxy, decides
 // what such requests mean.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p.looped(r) {
+		p.logger.LogAttrs(r.Context(), slog.LevelError, "request loop: the upstream leads back to this proxy",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("upstream", p.upstream.Redacted()))
+		prob := &idem.Problem{Status: http.StatusLoopDetected, Code: CodeLoopDetected, Type: problemTypeBase + CodeLoopDetected,
+			Title:  "Request loop",
+			Detail: "The request came back to the proxy that forwarded it: the proxy's upstream leads back to the proxy. Fix the upstream address."}
+		idem.WriteProblem(w, prob)
+		return
+	}
 	rt := p.fallback
 	// The middleware names the operation after r.Pattern, or after the
 	// method and path without one.
@@ -271,6 +290,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rt.handler.ServeHTTP(w, r)
+}
+
+// looped reports whether r's Via field names this proxy.
+func (p *Proxy) looped(r *http.Request) bool {
+	for _, v := range r.Header["Via"] {
+		for _, hop := range strings.Split(v, ",") {
+			// received-protocol received-by [comment]
+			f := strings.Fields(hop)
+			if len(f) >= 2 && f[1] == p.via {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Route returns the pattern of the route a request matches, or "" for the
@@ -356,8 +389,8 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.p.rp.ServeHTTP(w, r.WithContext(x))
 }
 
-// rewrite directs a request to the upstream and sets X-Forwarded-For,
-// X-Forwarded-Host and X-Forwarded-Proto. ReverseProxy has already removed
+// rewrite directs a request to the upstream, sets X-Forwarded-For,
+// X-Forwarded-Host and X-Forwarded-Proto, and adds the proxy to Via. ReverseProxy has already removed
 // the hop-by-hop fields and the client's own X-Forwarded-* and Forwarded
 // fields, which a client could forge. The Idempotency-Key field goes
 // through unchanged, so that the upstream can pass it on to its own
@@ -365,6 +398,13 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.upstream)
 	pr.SetXForwarded()
+	// Via (RFC 9110 section 7.6.3) names this proxy, so that a request
+	// that comes back to it is recognised (see looped).
+	proto := fmt.Sprintf("%d.%d", pr.In.ProtoMajor, pr.In.ProtoMinor)
+	if pr.In.ProtoMajor >= 2 {
+		proto = strconv.Itoa(pr.In.ProtoMajor)
+	}
+	pr.Out.Header["Via"] = append(pr.Out.Header["Via"], proto+" "+p.via)
 	// A protected request's body was read in full by the middleware: send
 	// it with a Content-Length even if the client sent it chunked, since
 	// some upstreams refuse chunked requests.

@@ -205,6 +205,75 @@ func TestScopeIsAHashOfTheCredential(t *testing.T) {
 	}
 }
 
+// A protected request without its scope header cannot be told apart from
+// another client's (cookie-authenticated users, say): it is refused before
+// anything is claimed or forwarded, so two such clients never share a
+// record. Requests that pass through (no key needed) are untouched.
+func TestMissingScopeHeaderIsRefused(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, nil)
+	px := newTestProxy(t, up, Config{})
+	key := newKey(t)
+	for _, cookie := range []string{"session=alice", "session=bob"} {
+		for _, auth := range []string{"", " "} {
+			r := send(t, http.MethodPost, px.URL+"/payments", `{}`, idem.HeaderKey, key, "Cookie", cookie, "Authorization", auth)
+			if r.status != http.StatusBadRequest || r.problemCode() != CodeScopeMissing || !strings.Contains(r.body, "Authorization") {
+				t.Fatalf("%s without Authorization: %v, want 400 %s", cookie, r, CodeScopeMissing)
+			}
+		}
+	}
+	if n := up.total(); n != 0 {
+		t.Fatalf("the upstream was called %d times", n)
+	}
+	// The key was not consumed.
+	if r := send(t, http.MethodPost, px.URL+"/payments", `{}`, idem.HeaderKey, key); r.status != http.StatusCreated {
+		t.Fatalf("with Authorization: %v", r)
+	}
+	if r := send(t, http.MethodGet, px.URL+"/payments", "", "Authorization", ""); r.status != http.StatusCreated {
+		t.Fatalf("a GET passes through without a scope: %v", r)
+	}
+}
+
+// A request that comes back to the proxy that forwarded it (an upstream
+// that leads to the proxy itself) is answered 508 at its second pass; the
+// forwarded request carries the proxy in Via.
+func TestLoopIsDetected(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := url.Parse("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, _ := memstore.New(nil)
+	p, err := New(&Config{Upstream: self, Store: store, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &httptest.Server{Listener: ln, Config: &http.Server{Handler: p}}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	r := send(t, http.MethodGet, srv.URL+"/x", "")
+	if r.status != http.StatusLoopDetected || r.problemCode() != CodeLoopDetected {
+		t.Fatalf("looping GET: %v", r)
+	}
+	r = send(t, http.MethodPost, srv.URL+"/x", `{}`, idem.HeaderKey, newKey(t))
+	if r.status != http.StatusLoopDetected {
+		t.Fatalf("looping POST: %v", r)
+	}
+
+	up := newUpstream(t, nil)
+	px := newTestProxy(t, up, Config{})
+	send(t, http.MethodGet, px.URL+"/y", "", "Via", "1.1 other-proxy")
+	req, _ := up.last(t)
+	via := req.Header.Values("Via")
+	if len(via) != 2 || via[0] != "1.1 other-proxy" || !strings.HasPrefix(via[1], "1.1 idem-") {
+		t.Fatalf("the upstream got Via %q", via)
+	}
+}
+
 func TestNoScopeSharesKeys(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, nil)
@@ -545,6 +614,7 @@ func TestClientGoneStillStores(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, px.URL+"/p", strings.NewReader(`{}`))
 	req.Header.Set(idem.HeaderKey, key)
+	req.Header.Set("Authorization", testCredential)
 	req.Header.Set("Content-Type", "application/json")
 	errc := make(chan error, 1)
 	go func() {

@@ -61,8 +61,12 @@ type Settings struct {
 	// ScopeHeader names the request header whose value identifies the
 	// client: records are scoped by a SHA-256 of its value, so one
 	// client's keys never meet another's and the credential itself is
-	// never stored. Requests without the header share one anonymous scope.
-	// Empty means no scope: all clients share one key space.
+	// never stored. A protected request without the header (or with an
+	// empty one) is refused with 400 proxy.scope_missing before anything
+	// is claimed: it cannot be told apart from another client's, and
+	// sharing a scope would hand one client another's stored response.
+	// Empty means no scope, an explicit choice ("none" in flags and
+	// files): all clients share one key space.
 	ScopeHeader string
 
 	// MaxRequestBody bounds the body of a protected request, which is
@@ -332,18 +336,43 @@ func (p *OutcomePolicy) String() string {
 	return strings.Join(append(parts, "otherwise default"), "; ")
 }
 
+// CodeScopeMissing (400): a protected request lacks the header that
+// scopes its records (Settings.ScopeHeader), so the proxy cannot keep its
+// key apart from another client's. Nothing was claimed or forwarded.
+const CodeScopeMissing = "proxy.scope_missing"
+
+// NoScope is how flags and configuration files spell an empty
+// ScopeHeader: no scope, every client in one key space.
+const NoScope = "none"
+
+// ParseScopeHeader turns a --scope-header or scope_header value into a
+// ScopeHeader: "none" (any case) or "" is no scope.
+func ParseScopeHeader(v string) string {
+	if strings.EqualFold(strings.TrimSpace(v), NoScope) {
+		return ""
+	}
+	return v
+}
+
 // scopeFunc returns the idem.Config.ScopeFunc for a scope header: the
 // client is a SHA-256 of the header's value, so that the credential itself
-// never reaches the store. Nil for no scope.
+// never reaches the store; a request without the header is refused with
+// CodeScopeMissing. Nil for no scope.
 func scopeFunc(header string) func(*http.Request) (string, error) {
 	if header == "" {
 		return nil
 	}
 	name := textproto.CanonicalMIMEHeaderKey(header)
+	missing := &idem.Problem{Status: http.StatusBadRequest, Code: CodeScopeMissing,
+		Type:  problemTypeBase + CodeScopeMissing,
+		Title: "The request does not say which client it comes from",
+		Detail: "Idempotency records are kept per client, identified by the " + name + " header, which this request lacks. " +
+			"Send it; requests without it cannot be told apart from another client's and are refused."}
 	return func(r *http.Request) (string, error) {
 		vs := r.Header[name]
-		if len(vs) == 0 {
-			return "", nil
+		if len(vs) == 0 || len(vs) == 1 && strings.TrimSpace(vs[0]) == "" {
+			p := *missing // the core may set fields of the problem it writes
+			return "", &p
 		}
 		v := vs[0]
 		if len(vs) > 1 {
