@@ -70,7 +70,9 @@ type RejectedError struct {
 	Err    error
 }
 
-func (e *RejectedError) Error() string { return "payments: rejected: " + e.Reason + ": " + e.Err.Error() }
+func (e *RejectedError) Error() string {
+	return "payments: rejected: " + e.Reason + ": " + e.Err.Error()
+}
 
 func (e *RejectedError) Unwrap() error { return e.Err }
 
