@@ -145,6 +145,9 @@ func cleanupLoop(ctx context.Context, s idem.Store, every time.Duration, logger 
 	}
 }
 
+// cleanupBatchTimeout bounds one batch of deleteExpired.
+const cleanupBatchTimeout = 30 * time.Second
+
 // deleteExpired deletes expired records in batches of batch until a batch
 // comes back short (or maxBatches, if positive, were run). With pace set it
 // pauses after each batch as long as the batch took, so that traffic gets
@@ -154,7 +157,12 @@ func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int, pac
 	total := 0
 	for i := 0; maxBatches <= 0 || i < maxBatches; i++ {
 		start := time.Now()
-		n, err := s.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: batch, Now: start})
+		// The core bounds its own store calls; this one is the
+		// application's, so it bounds it too: a store that stopped
+		// answering must not hold a batch forever.
+		bctx, cancel := context.WithTimeout(ctx, cleanupBatchTimeout)
+		n, err := s.DeleteExpired(bctx, idem.DeleteExpiredParams{Limit: batch, Now: start})
+		cancel()
 		total += n
 		if err != nil {
 			return total, err
