@@ -81,8 +81,8 @@ func startServe(t *testing.T, extra ...string) string {
 	return ""
 }
 
-// TestCheckPassesAgainstServe grades the payments demo with idem check:
-// every check must pass.
+// TestCheckPassesAgainstServe grades the payments demo with idem check,
+// its executions counted by /api/payments/count: every check must pass.
 func TestCheckPassesAgainstServe(t *testing.T) {
 	t.Parallel()
 	url := startServe(t)
@@ -91,6 +91,7 @@ func TestCheckPassesAgainstServe(t *testing.T) {
 		"--body", `{"amountCents":100,"currency":"USD","reference":"check"}`,
 		"--header", "Authorization: Bearer tenant-a",
 		"--second-tenant-header", "Authorization: Bearer tenant-b",
+		"--count-url", url + "/api/payments/count",
 		"--json", url + "/api/payments"}, &out, &errs)
 	if code != exitOK {
 		t.Fatalf("idem check exited %d\n%s\n%s", code, out.String(), errs.String())
@@ -107,6 +108,9 @@ func TestCheckPassesAgainstServe(t *testing.T) {
 	for _, c := range report.Checks {
 		if c.Status != "PASS" {
 			t.Errorf("%s: %s (%s)", c.Name, c.Status, c.Reason)
+		}
+		if (c.Name == "replay" || c.Name == "concurrent-duplicates") && !strings.Contains(c.Reason, "executions verified") {
+			t.Errorf("%s: executions not verified: %s", c.Name, c.Reason)
 		}
 	}
 }
