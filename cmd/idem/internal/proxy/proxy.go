@@ -38,6 +38,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -115,6 +116,9 @@ type Proxy struct {
 	upstream *url.URL
 	rp       *httputil.ReverseProxy
 	logger   *slog.Logger
+	// unseenConnection logs once that a connection's Connection field
+	// cannot be read (see restoreConnection).
+	unseenConnection sync.Once
 	// via is this proxy's pseudonym in the Via field of the requests it
 	// forwards ("idem-" and random hex, new for every Proxy), by which it
 	// recognises a request that comes back to it.
@@ -158,6 +162,11 @@ func New(cfg *Config) (*Proxy, error) {
 		// and decode it: the client's own Accept-Encoding goes through,
 		// and the stored bytes are what the upstream sent.
 		t.DisableCompression = true
+		if u.Scheme == "http" {
+			// See connfields.go: the fields a "Connection: close" response
+			// names are found in the bytes read.
+			t.DialContext = captureDialer(t.DialContext)
+		}
 		transport = t
 	}
 	p := &Proxy{upstream: u, logger: logger, routes: map[string]*route{}, via: "idem-" + strings.ToLower(rand.Text()[:12])}
@@ -238,6 +247,9 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		ScopeFunc:       scopeFunc(s.ScopeHeader),
 		MaxRequestBody:  s.MaxRequestBody,
 		MaxResponseBody: int(s.MaxResponseBody),
+		// A cookie set for the first client is never handed to whoever
+		// retries; Set-Cookie2 is its obsolete twin (RFC 2965).
+		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
 	})
 	if err != nil {
 		return nil, err
@@ -343,6 +355,7 @@ type exchange struct {
 	w               http.ResponseWriter
 	protected       bool
 	timer           *time.Timer
+	conn            atomic.Pointer[net.Conn] // the upstream connection used
 }
 
 type exchangeKey struct{}
@@ -386,7 +399,7 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// send it unstored (see holdFlushes).
 		w = &holdFlushes{ResponseWriter: w}
 	}
-	f.p.rp.ServeHTTP(w, r.WithContext(x))
+	f.p.rp.ServeHTTP(w, r.WithContext(connTrace(x, &x.conn)))
 }
 
 // rewrite directs a request to the upstream, sets X-Forwarded-For,
@@ -422,6 +435,9 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 // (server-sent events, unknown length).
 func (p *Proxy) modifyResponse(res *http.Response) error {
 	x, _ := res.Request.Context().Value(exchangeKey{}).(*exchange)
+	if x != nil && closeDropped(res) {
+		p.restoreConnection(res, x)
+	}
 	if x == nil || x.protected {
 		return nil
 	}
@@ -430,6 +446,33 @@ func (p *Proxy) modifyResponse(res *http.Response) error {
 		_ = http.NewResponseController(x.w).SetWriteDeadline(time.Time{})
 	}
 	return nil
+}
+
+// restoreConnection removes from res the fields that its Connection
+// field, which the client removed because it said close, named (see
+// connfields.go). ReverseProxy has removed the rest of the hop-by-hop
+// fields already.
+func (p *Proxy) restoreConnection(res *http.Response, x *exchange) {
+	var cc *captureConn
+	if c := x.conn.Load(); c != nil {
+		cc, _ = (*c).(*captureConn)
+	}
+	if cc == nil {
+		p.unseenConnection.Do(func() {
+			p.logger.Warn("an upstream response said Connection: close over a connection whose bytes the proxy cannot read (HTTPS with HTTP/1.1): fields it names as connection-specific, if any, are forwarded and stored",
+				"upstream", p.upstream.Redacted())
+		})
+		return
+	}
+	conn, found := droppedConnection(res, cc)
+	if !found {
+		p.logger.Warn("an upstream response said Connection: close and its header was not found in the bytes read (larger than the proxy keeps): fields it names as connection-specific, if any, are forwarded and stored",
+			"method", res.Request.Method, "path", res.Request.URL.Path)
+		return
+	}
+	if removed := removeConnectionFields(res.Header, conn); len(removed) > 0 {
+		p.logger.Debug("removed connection-specific fields of an upstream response", "fields", removed)
+	}
 }
 
 // errorHandler answers a failed exchange with problem+json: 504 after the

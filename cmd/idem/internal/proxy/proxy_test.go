@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -699,5 +700,139 @@ func TestBrokenUpstreamBodyReleases(t *testing.T) {
 	r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
 	if r.status != http.StatusCreated || r.header.Get(idem.HeaderReplayed) != "false" || up.count(key) != 2 {
 		t.Fatalf("retry: %v (upstream ran %d)", r, up.count(key))
+	}
+}
+
+// rawUpstream answers every request on a connection with the fixed bytes
+// of resp (keepAlive responses first, then the last one), the way a server
+// outside Go's control would: it can send a Connection field that names
+// other fields along with close.
+func rawUpstream(t *testing.T, keepAlive int, resp func(i int) string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for i := 0; i <= keepAlive; i++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					io.WriteString(c, resp(i))
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// A field the upstream names in its Connection field is connection-
+// specific: never forwarded, stored or replayed, even when Connection also
+// says close (which Go's client removes before the proxy sees it); and
+// Set-Cookie2 is never replayed.
+func TestConnectionFieldsWithCloseAreNotStored(t *testing.T) {
+	t.Parallel()
+	const body = `{"id":1}`
+	// The first response on a connection keeps it alive and carries in its
+	// body what looks like a header block; the second closes it.
+	target := rawUpstream(t, 1, func(i int) string {
+		if i == 0 {
+			decoy := "HTTP/1.1 201 Created\r\nConnection: close, X-Other\r\n\r\n"
+			return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(decoy), decoy)
+		}
+		return "HTTP/1.1 201 Created\r\n" +
+			"Content-Type: application/json\r\n" +
+			"Connection: X-Conn-Secret, close\r\n" +
+			"Connection: x-hop\r\n" +
+			"X-Conn-Secret: per-connection\r\n" +
+			"X-Hop: 1\r\n" +
+			"X-Other: kept\r\n" +
+			"Set-Cookie2: legacy=1\r\n" +
+			"Content-Length: " + fmt.Sprint(len(body)) + "\r\n\r\n" + body
+	})
+	u, _ := url.Parse(target)
+	store, _ := memstore.New(nil)
+	p, err := New(&Config{Upstream: u, Store: store, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+
+	// One connection: a pass-through GET, then the protected POST on the
+	// same upstream connection.
+	if r := send(t, http.MethodGet, srv.URL+"/warm", ""); r.status != http.StatusOK {
+		t.Fatalf("warm-up: %v", r)
+	}
+	key := newKey(t)
+	first := send(t, http.MethodPost, srv.URL+"/p", `{}`, idem.HeaderKey, key)
+	replay := send(t, http.MethodPost, srv.URL+"/p", `{}`, idem.HeaderKey, key)
+	for name, r := range map[string]reply{"first": first, "replay": replay} {
+		if r.status != http.StatusCreated || r.body != body {
+			t.Fatalf("%s: %v", name, r)
+		}
+		for _, f := range []string{"X-Conn-Secret", "X-Hop", "Connection"} {
+			if v := r.header.Values(f); len(v) > 0 {
+				t.Errorf("%s carries %s: %q", name, f, v)
+			}
+		}
+		if r.header.Get("X-Other") != "kept" {
+			t.Errorf("%s lost X-Other, which Connection does not name: %v", name, r.header)
+		}
+	}
+	if replay.header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("not a replay: %v", replay)
+	}
+	// The first client gets its cookie; whoever retries does not.
+	if first.header.Get("Set-Cookie2") == "" || replay.header.Get("Set-Cookie2") != "" {
+		t.Errorf("Set-Cookie2: first %q, replay %q", first.header.Get("Set-Cookie2"), replay.header.Get("Set-Cookie2"))
+	}
+}
+
+// captureConn keeps exactly the last captureSize bytes read, whatever the
+// sizes of the reads.
+func TestCaptureConnKeepsTheLastBytes(t *testing.T) {
+	t.Parallel()
+	data := make([]byte, 3*captureSize+123)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	a, b := net.Pipe()
+	go func() {
+		defer a.Close()
+		for off, step := 0, 1; off < len(data); step = step*3 + 1 {
+			n := min(step%(2*captureSize)+1, len(data)-off)
+			a.Write(data[off : off+n])
+			off += n
+		}
+	}()
+	c := &captureConn{Conn: b}
+	buf := make([]byte, 2*captureSize+7)
+	read := 0
+	for {
+		n, err := c.Read(buf)
+		read += n
+		if got, want := c.recent(), data[max(0, read-captureSize):read]; !bytes.Equal(got, want) {
+			t.Fatalf("after %d bytes: kept %d bytes, not the last %d", read, len(got), len(want))
+		}
+		if err != nil {
+			break
+		}
+	}
+	if read != len(data) {
+		t.Fatalf("read %d of %d", read, len(data))
 	}
 }
