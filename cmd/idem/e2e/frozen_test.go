@@ -105,7 +105,7 @@ func TestFrozenPostgresServe(t *testing.T) {
 	t.Parallel()
 	db := newPGDatabase(t)
 	fwd := newTCPProxy(t, pgHostPort(t, db.url))
-	s := startServer(t, "pg-frozen", "--db", viaHost(t, db.url, fwd.addr()), "--shutdown-timeout", "2s")
+	s := startServer(t, "pg-frozen", "--db", viaHost(t, db.url, fwd.addr()), "--shutdown-timeout", "2s", "--store-timeout", "2s")
 	checkFrozenStore(t, s, fwd)
 }
 
@@ -115,7 +115,7 @@ func TestFrozenRedisServe(t *testing.T) {
 	rp := newRedisPrefix(t)
 	fwd := newTCPProxy(t, rp.addr())
 	s := startServer(t, "redis-frozen", "--db", filepath.Join(t.TempDir(), "payments.db"),
-		"--store", rp.storeURL(fwd.addr()), "--shutdown-timeout", "2s")
+		"--store", rp.storeURL(fwd.addr()), "--shutdown-timeout", "2s", "--store-timeout", "2s")
 	checkFrozenStore(t, s, fwd)
 }
 
@@ -131,7 +131,7 @@ func TestFrozenPostgresProxy(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	s := startCommand(t, "proxy-pg-frozen", "proxy", "--store", viaHost(t, db.url, fwd.addr()),
-		"--upstream", up.URL, "--shutdown-timeout", "2s", "--cleanup-interval", "0")
+		"--upstream", up.URL, "--shutdown-timeout", "2s", "--store-timeout", "2s", "--cleanup-interval", "0")
 	checkFrozenStore(t, s, fwd, "Authorization", "Bearer frozen")
 }
 

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem"
 )
 
 // command is one subcommand.
@@ -103,16 +105,18 @@ type serverFlags struct {
 	accessLog       *bool
 	wait, cleanup   *time.Duration
 	shutdown        *time.Duration
+	storeTimeout    *time.Duration
 }
 
 func (f *flags) serverFlags() serverFlags {
 	return serverFlags{
-		addr:      f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)"),
-		wait:      f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once"),
-		logFormat: f.String("log-format", "text", "log format: text or json"),
-		accessLog: f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
-		cleanup:   f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
-		shutdown:  f.Duration("shutdown-timeout", defaultShutdownTimeout, "on SIGTERM or SIGINT, how long in-flight requests may finish; then\nthe process exits anyway (status 1), whatever its store is doing"),
+		addr:         f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)"),
+		wait:         f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once"),
+		logFormat:    f.String("log-format", "text", "log format: text or json"),
+		accessLog:    f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
+		cleanup:      f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
+		storeTimeout: f.Duration("store-timeout", idem.DefaultStoreTimeout, "bound on each call to the records store (the claim included): a store\nthat does not answer within it gets 503 idempotency.store_unavailable\nwith Retry-After"),
+		shutdown:     f.Duration("shutdown-timeout", defaultShutdownTimeout, "on SIGTERM or SIGINT, how long in-flight requests may finish; then\nthe process exits anyway (status 1), whatever its store is doing"),
 	}
 }
 

@@ -67,6 +67,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := positiveDuration("shutdown-timeout", *sf.shutdown, false); err != nil {
 		return f.usageError("%v", err)
 	}
+	if err := positiveDuration("store-timeout", *sf.storeTimeout, false); err != nil {
+		return f.usageError("%v", err)
+	}
 	if _, err := backend.KindOf(*storeSpec); err != nil {
 		return f.usageError("--store: %v", err)
 	}
@@ -116,7 +119,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer closeStore(store, logger)
 
 	m := metrics.New()
-	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger}
+	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger, StoreTimeout: *sf.storeTimeout}
 	if file != nil {
 		cfg.Routes = file.ProxyRoutes()
 	}

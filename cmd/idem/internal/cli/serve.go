@@ -45,7 +45,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		name      string
 		d         time.Duration
 		allowZero bool
-	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}, {"shutdown-timeout", *sf.shutdown, false}} {
+	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}, {"shutdown-timeout", *sf.shutdown, false}, {"store-timeout", *sf.storeTimeout, false}} {
 		if err := positiveDuration(c.name, c.d, c.allowZero); err != nil {
 			return f.usageError("%v", err)
 		}
@@ -111,6 +111,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
 		Lease:           *lease,
 		TTL:             *ttl,
+		StoreTimeout:    *sf.storeTimeout,
 		Wait:            *sf.wait,
 		ScopeFunc:       payments.Tenant,
 		FingerprintFunc: payments.Fingerprint,

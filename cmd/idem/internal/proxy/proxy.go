@@ -108,6 +108,10 @@ type Config struct {
 	// Logger receives the upstream failures and the core's warnings.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// StoreTimeout bounds each store call of every route
+	// (idem.Config.StoreTimeout). Defaults to the core's default.
+	StoreTimeout time.Duration
 }
 
 // Proxy is an http.Handler that forwards requests to the upstream through
@@ -247,6 +251,7 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		ScopeFunc:       scopeFunc(s.ScopeHeader),
 		MaxRequestBody:  s.MaxRequestBody,
 		MaxResponseBody: int(s.MaxResponseBody),
+		StoreTimeout:    cfg.StoreTimeout,
 		// A cookie set for the first client is never handed to whoever
 		// retries; Set-Cookie2 is its obsolete twin (RFC 2965).
 		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
