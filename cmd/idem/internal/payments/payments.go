@@ -86,6 +86,11 @@ type Service struct {
 	NowFunc func() time.Time
 }
 
+// DBTimeout bounds each call to the payments database, so that a database
+// that stops answering turns into 503 payment.unavailable instead of a
+// request that hangs for as long as its client waits.
+const DBTimeout = 10 * time.Second
+
 // MaxBody is the largest payment request accepted.
 const MaxBody = 16 << 10
 
@@ -288,7 +293,9 @@ func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
 	if info != nil {
 		pay.key = info.Key
 	}
-	pay, err = s.Repo.Insert(ctx, pay)
+	ictx, cancel := context.WithTimeout(ctx, DBTimeout)
+	pay, err = s.Repo.Insert(ictx, pay)
+	cancel()
 	var rejected *RejectedError
 	switch {
 	case errors.As(err, &rejected):
@@ -313,7 +320,9 @@ func (s *Service) Get(w http.ResponseWriter, r *http.Request) {
 		idem.WriteProblem(w, err.(*idem.Problem))
 		return
 	}
-	p, err := s.Repo.Get(r.Context(), tenant, r.PathValue("id"))
+	ctx, cancel := context.WithTimeout(r.Context(), DBTimeout)
+	defer cancel()
+	p, err := s.Repo.Get(ctx, tenant, r.PathValue("id"))
 	switch {
 	case errors.Is(err, ErrNotFound):
 		writeProblem(w, http.StatusNotFound, "payment.not_found", "Payment not found", "No payment with this id exists for your tenant.")
@@ -328,7 +337,9 @@ func (s *Service) Get(w http.ResponseWriter, r *http.Request) {
 
 // Count handles GET /api/payments/count.
 func (s *Service) Count(w http.ResponseWriter, r *http.Request) {
-	n, err := s.Repo.Count(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), DBTimeout)
+	defer cancel()
+	n, err := s.Repo.Count(ctx)
 	if err != nil {
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
 		return
