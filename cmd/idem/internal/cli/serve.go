@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
+	"github.com/idemhq/idem/cmd/idem/internal/proxy"
 )
 
 const serveAbout = `Runs the payments demo: a retry-safe payments API. POST /api/payments needs
@@ -52,6 +53,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if *lease < idem.MinLease {
 		return f.usageError("--lease must be at least %v", idem.MinLease)
+	}
+	if *ttl > proxy.MaxDuration {
+		return f.usageError("--ttl %v is longer than the maximum %v (10 years): an expiry further out overflows", *ttl, proxy.MaxDuration)
+	}
+	if *sf.wait > proxy.MaxDuration || *sf.storeTimeout > proxy.MaxDuration {
+		return f.usageError("--wait and --store-timeout must not be longer than %v (10 years)", proxy.MaxDuration)
 	}
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)

@@ -128,6 +128,8 @@ func TestServeRejectsBadFlags(t *testing.T) {
 		{"--store", "localhost:6379"},
 		{"--store", "memcached://h"},
 		{"--shutdown-timeout", "0s"},
+		{"--ttl", "2562047h47m16s"},
+		{"--lease", "2562047h", "--ttl", "2562047h47m16s"},
 		{"--nonsense"},
 		{"extra-argument"},
 	} {

@@ -94,6 +94,8 @@ func TestParseFileErrorsHaveLines(t *testing.T) {
 		{"short lease", "routes:\n  \"POST /a\":\n    lease: 1ms\n", []string{`3:5: route "POST /a": lease 1ms is shorter than the minimum`}},
 		{"ttl below inherited lease", "routes:\n  \"POST /a\":\n    ttl: 1s\n", []string{`3:5: route "POST /a": ttl 1s is shorter than lease 30s (lease comes from --lease)`}},
 		{"lease above inherited ttl", "routes:\n  \"POST /a\":\n    lease: 25h\n", []string{`3:5: route "POST /a": ttl 24h0m0s is shorter than lease 25h0m0s`}},
+		{"ttl beyond the maximum", "routes:\n  \"POST /a\":\n    ttl: 2562047h47m16s\n", []string{`3:5: route "POST /a": ttl 2562047h47m16s is longer than the maximum 87600h0m0s (3650 days)`}},
+		{"wait beyond the maximum", "routes:\n  \"POST /a\":\n    wait: 100000h\n", []string{`3:5: route "POST /a": wait 100000h0m0s is longer than the maximum 87600h0m0s (3650 days)`}},
 		{"bad size", "routes:\n  \"POST /a\":\n    max_request_body: lots\n", []string{`3:23: route "POST /a": max_request_body: invalid size "lots"`}},
 		{"zero size", "routes:\n  \"POST /a\":\n    max_response_body: 0\n", []string{`3:24: route "POST /a": max_response_body: invalid size "0": must be positive`}},
 		{"store 5xx", "routes:\n  \"POST /a\":\n    store_statuses: [200, 5xx]\n", []string{`3:27: route "POST /a": store_statuses: 5xx cannot be stored`}},

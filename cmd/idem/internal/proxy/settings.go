@@ -101,6 +101,15 @@ func DefaultSettings() Settings {
 	}
 }
 
+// MaxDuration is the longest lease, TTL, wait or upstream timeout a route
+// may have: the core's maximum TTL (10 years).
+const MaxDuration = 10 * 365 * 24 * time.Hour
+
+// humanDuration spells d in days, for messages.
+func humanDuration(d time.Duration) string {
+	return fmt.Sprintf("%d days", d/(24*time.Hour))
+}
+
 // fieldError is a problem with one setting, named as in the configuration
 // file so that the file parser can point at its line.
 type fieldError struct {
@@ -130,6 +139,17 @@ func (s Settings) check() []fieldError {
 	}
 	if s.TTL < s.Lease {
 		add("ttl", "ttl %v is shorter than lease %v", s.TTL, s.Lease)
+	}
+	// Beyond MaxTTL an expiry time overflows (every request would then
+	// fail with a lease lost in the 18th century): refused here, at start
+	// and by --check-config, rather than by the first request.
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"lease", s.Lease}, {"ttl", s.TTL}, {"wait", s.Wait}, {"upstream_timeout", s.UpstreamTimeout}} {
+		if d.v > MaxDuration {
+			add(d.field, "%s %v is longer than the maximum %v (%s)", d.field, d.v, MaxDuration, humanDuration(MaxDuration))
+		}
 	}
 	if s.Wait < 0 {
 		add("wait", "wait %v is negative", s.Wait)
