@@ -120,7 +120,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		TTL:             *ttl,
 		StoreTimeout:    *sf.storeTimeout,
 		Wait:            *sf.wait,
-		ScopeFunc:       payments.Tenant,
+		TenantFunc:      payments.Tenant,
 		FingerprintFunc: payments.Fingerprint,
 		MaxRequestBody:  payments.MaxBody,
 		Observer:        m,

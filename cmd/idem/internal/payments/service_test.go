@@ -22,7 +22,7 @@ import (
 // behind the middleware on store.
 func newServer(t *testing.T, store idem.Store, repo Repo) *httptest.Server {
 	t.Helper()
-	mw, err := idem.NewMiddleware(store, &idem.Config{ScopeFunc: Tenant, FingerprintFunc: Fingerprint, MaxRequestBody: MaxBody})
+	mw, err := idem.NewMiddleware(store, &idem.Config{TenantFunc: Tenant, FingerprintFunc: Fingerprint, MaxRequestBody: MaxBody})
 	if err != nil {
 		t.Fatal(err)
 	}

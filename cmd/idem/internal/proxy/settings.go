@@ -374,7 +374,7 @@ func ParseScopeHeader(v string) string {
 	return v
 }
 
-// scopeFunc returns the idem.Config.ScopeFunc for a scope header: the
+// scopeFunc returns the idem.Config.TenantFunc for a scope header: the
 // client is a SHA-256 of the header's value, so that the credential itself
 // never reaches the store; a request without the header is refused with
 // CodeScopeMissing. Nil for no scope.
