@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemhq/idem"
 )
 
 // Bounds of the frozen-store tests. A store that stops answering (its
@@ -75,6 +77,20 @@ func checkFrozenStore(t *testing.T, s *server, fwd *tcpProxy, hdr ...string) {
 			t.Errorf("the 503 took %v with the store frozen, want at most %v", took.Round(time.Millisecond), frozenAnswerBound)
 		}
 		t.Logf("frozen store: %d %s after %v", r.status, r.problemCode(), took.Round(time.Millisecond))
+	}
+	// The core's log line about the failure and the access log name the
+	// key by the same hash (idem.RedactKey of the parsed key; the client
+	// sent its quoted form).
+	hash := `"key":"` + idem.RedactKey(key2) + `"`
+	var core, access bool
+	for _, line := range strings.Split(s.log.tail(200), "\n") {
+		if strings.Contains(line, hash) {
+			core = core || strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, `"level":"WARN"`)
+			access = access || strings.Contains(line, `"msg":"request"`)
+		}
+	}
+	if !core || !access {
+		t.Errorf("the key's hash %s in the core's log: %v, in the access log: %v; log:\n%s", idem.RedactKey(key2), core, access, s.log.tail(20))
 	}
 
 	// A request waiting on the frozen store while SIGTERM arrives.

@@ -2,13 +2,12 @@ package cli
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -91,14 +90,24 @@ func logRequest(logger *slog.Logger, r *http.Request, sw *metrics.StatusWriter, 
 		slog.Int64("bytes", sw.Bytes),
 		slog.Duration("duration", time.Since(start)),
 	}
-	if k := r.Header.Get(idem.HeaderKey); k != "" {
-		sum := sha256.Sum256([]byte(k))
-		attrs = append(attrs, slog.String("key", "sha256:"+hex.EncodeToString(sum[:6])))
+	if vs := r.Header.Values(idem.HeaderKey); len(vs) > 0 {
+		attrs = append(attrs, slog.String("key", logKey(vs)))
 	}
 	if rp := sw.Header().Get(idem.HeaderReplayed); rp != "" {
 		attrs = append(attrs, slog.String("replayed", rp))
 	}
 	logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+}
+
+// logKey redacts a request's Idempotency-Key fields for the access log as
+// the core redacts keys in its own log lines (idem.RedactKey of the parsed
+// key), so that one key has one hash in every line: "k" and k, which are
+// one key, hash alike. A key that does not parse is hashed as sent.
+func logKey(values []string) string {
+	if key, err := idem.ParseKey(values); err == nil {
+		return idem.RedactKey(key)
+	}
+	return idem.RedactKey(strings.Join(values, ", "))
 }
 
 // health answers 200 while every store answers a ping, 503 otherwise.

@@ -12,7 +12,6 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
-	"github.com/idemhq/idem/cmd/idem/internal/proxy"
 )
 
 const serveAbout = `Runs the payments demo: a retry-safe payments API. POST /api/payments needs
@@ -54,11 +53,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *lease < idem.MinLease {
 		return f.usageError("--lease must be at least %v", idem.MinLease)
 	}
-	if *ttl > proxy.MaxDuration {
-		return f.usageError("--ttl %v is longer than the maximum %v (10 years): an expiry further out overflows", *ttl, proxy.MaxDuration)
-	}
-	if *sf.wait > proxy.MaxDuration || *sf.storeTimeout > proxy.MaxDuration {
-		return f.usageError("--wait and --store-timeout must not be longer than %v (10 years)", proxy.MaxDuration)
+	for _, c := range []struct {
+		name string
+		d    time.Duration
+	}{{"lease", *lease}, {"ttl", *ttl}, {"wait", *sf.wait}, {"store-timeout", *sf.storeTimeout}} {
+		if c.d > idem.MaxTTL {
+			return f.usageError("--%s %v is longer than the maximum %v (10 years, idem.MaxTTL): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
+		}
 	}
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
@@ -116,15 +117,17 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	m := metrics.New()
 	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
-		Lease:           *lease,
-		TTL:             *ttl,
-		StoreTimeout:    *sf.storeTimeout,
-		Wait:            *sf.wait,
-		TenantFunc:      payments.Tenant,
-		FingerprintFunc: payments.Fingerprint,
-		MaxRequestBody:  payments.MaxBody,
-		Observer:        m,
-		Logger:          logger,
+		Lease:        *lease,
+		TTL:          *ttl,
+		StoreTimeout: *sf.storeTimeout,
+		// Set-Cookie2 is Set-Cookie's obsolete twin: neither is replayed.
+		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
+		Wait:              *sf.wait,
+		TenantFunc:        payments.Tenant,
+		FingerprintFunc:   payments.Fingerprint,
+		MaxRequestBody:    payments.MaxBody,
+		Observer:          m,
+		Logger:            logger,
 	})
 	if err != nil {
 		return f.usageError("%v", err)

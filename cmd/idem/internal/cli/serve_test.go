@@ -210,6 +210,22 @@ func TestDurationFlagMessages(t *testing.T) {
 	}
 }
 
+// The access log redacts a key as the core's log lines do (idem.RedactKey
+// of the parsed key), so an operator can follow one key through both: the
+// quoted and the bare form of a key, which are one key, hash alike.
+func TestAccessLogKeyMatchesCore(t *testing.T) {
+	t.Parallel()
+	want := idem.RedactKey("order-4711")
+	for _, vs := range [][]string{{`"order-4711"`}, {"order-4711"}} {
+		if got := logKey(vs); got != want {
+			t.Errorf("logKey(%q) = %s, want %s", vs, got, want)
+		}
+	}
+	if got := logKey([]string{`"a"`, `"b"`}); got == idem.RedactKey("a") || !strings.HasPrefix(got, "sha256:") {
+		t.Errorf("an invalid key: %s", got)
+	}
+}
+
 func TestEnvName(t *testing.T) {
 	t.Parallel()
 	for flag, want := range map[string]string{"addr": "IDEM_ADDR", "op-delay": "IDEM_OP_DELAY", "second-tenant-header": "IDEM_SECOND_TENANT_HEADER"} {

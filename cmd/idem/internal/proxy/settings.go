@@ -102,8 +102,9 @@ func DefaultSettings() Settings {
 }
 
 // MaxDuration is the longest lease, TTL, wait or upstream timeout a route
-// may have: the core's maximum TTL (10 years).
-const MaxDuration = 10 * 365 * 24 * time.Hour
+// may have: the core's maximum TTL (10 years), beyond which an expiry
+// overflows.
+const MaxDuration = idem.MaxTTL
 
 // humanDuration spells d in days, for messages.
 func humanDuration(d time.Duration) string {
