@@ -151,6 +151,20 @@ func TestFrozenPostgresProxy(t *testing.T) {
 	checkFrozenStore(t, s, fwd, "Authorization", "Bearer frozen")
 }
 
+// idem proxy with records in Redis, which stops answering.
+func TestFrozenRedisProxy(t *testing.T) {
+	t.Parallel()
+	rp := newRedisPrefix(t)
+	fwd := newTCPProxy(t, rp.addr())
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(up.Close)
+	s := startCommand(t, "proxy-redis-frozen", "proxy", "--store", rp.storeURL(fwd.addr()),
+		"--upstream", up.URL, "--shutdown-timeout", "2s", "--store-timeout", "2s")
+	checkFrozenStore(t, s, fwd, "Authorization", "Bearer frozen")
+}
+
 // Start-up against a server that accepts connections but never answers
 // fails with a clear error and a non-zero status within a bound, for
 // PostgreSQL (--db, and --store of the proxy) and Redis (--store).
