@@ -42,11 +42,11 @@ const Supported = "a SQLite file path, postgres://… or postgresql://… (?idem
 // postgresql:// URL (its query parameter idem_schema=NAME chooses the
 // records' schema, default "idem"), a redis:// or rediss:// URL (its query
 // parameter prefix=TEXT starts every key, default "idem:"), "memory", or a
-// SQLite file path. Schemes are case-insensitive. A value that starts like
-// a URL scheme (letters, digits, "+", "-" or "." before a colon, at least
-// two characters, such as "mysql://x" or "localhost:6379") but names none
-// of these is an error naming the supported forms, not a file name: a
-// SQLite file whose name has such a colon is given as ./NAME.
+// SQLite file path. Schemes are case-insensitive. A value that starts with
+// another URL scheme (letters, digits, "+", "-" or "." before a colon, at
+// least two characters: "mysql://x") or is a server address without one
+// ("localhost:6379") is an error naming the supported forms, not a file
+// name: a SQLite file whose name has such a colon is given as ./NAME.
 func KindOf(spec string) (Kind, error) {
 	if hostPort.MatchString(spec) {
 		return "", fmt.Errorf("%q is a server address, not a file; give a URL: %s", spec, Supported)
@@ -76,7 +76,7 @@ var hostPort = regexp.MustCompile(`^[^/\\]+:[0-9]+$`)
 
 // schemeOf returns the URL scheme spec starts with (RFC 3986: a letter,
 // then letters, digits, "+", "-" or "."; then ":"). One letter is a
-// Windows drive ("C:\\x.db"), not a scheme.
+// Windows drive (C:\x.db), not a scheme.
 func schemeOf(spec string) (string, bool) {
 	i := strings.IndexByte(spec, ':')
 	if i < 2 {
