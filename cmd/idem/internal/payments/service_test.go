@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/pgstore"
+	"github.com/idemhq/idem/sqlitestore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -205,6 +207,47 @@ func TestCreateDatabaseRefusalIsStored(t *testing.T) {
 		t.Fatalf("retry: %d %s (replayed %q), want the stored 422", again.status, again.body, again.header.Get(idem.HeaderReplayed))
 	}
 	// The transaction survived the refusal: a valid payment goes through.
+	if ok := post(t, srv.URL, "application/json", "accepted", `{"amountCents":500,"currency":"USD","reference":"fine"}`); ok.status != http.StatusCreated {
+		t.Fatalf("valid payment: %d %s", ok.status, ok.body)
+	}
+	if n, err := repo.Count(ctx); err != nil || n != 1 {
+		t.Fatalf("%d payments (%v), want 1", n, err)
+	}
+}
+
+// The same on SQLite: a payment the database refuses (a CHECK of the
+// application's) is a stored 422, in the execution's transaction.
+func TestCreateDatabaseRefusalIsStoredSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "pay.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	// The application's own table, with a constraint the validation does
+	// not know; Migrate then leaves it as it is.
+	if _, err := store.DB().ExecContext(ctx, `CREATE TABLE payments (
+		id TEXT PRIMARY KEY, tenant TEXT NOT NULL, idempotency_key TEXT NOT NULL,
+		amount_cents INTEGER NOT NULL CONSTRAINT small_amounts CHECK (amount_cents < 1000),
+		currency TEXT NOT NULL, reference TEXT NOT NULL, created_at TEXT NOT NULL,
+		UNIQUE (tenant, idempotency_key))`); err != nil {
+		t.Fatal(err)
+	}
+	repo := SQLiteRepo{Store: store}
+	if err := repo.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, store, repo)
+	big := `{"amountCents":5000,"currency":"USD","reference":"too-big"}`
+	first := post(t, srv.URL, "application/json", "refused", big)
+	if first.status != http.StatusUnprocessableEntity || first.code() != "payment.rejected" {
+		t.Fatalf("refused payment: %d %s, want 422 payment.rejected", first.status, first.body)
+	}
+	again := post(t, srv.URL, "application/json", "refused", big)
+	if again.status != first.status || again.body != first.body || again.header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("retry: %d %s (replayed %q), want the stored 422", again.status, again.body, again.header.Get(idem.HeaderReplayed))
+	}
 	if ok := post(t, srv.URL, "application/json", "accepted", `{"amountCents":500,"currency":"USD","reference":"fine"}`); ok.status != http.StatusCreated {
 		t.Fatalf("valid payment: %d %s", ok.status, ok.body)
 	}
