@@ -37,11 +37,13 @@ routes:
   "/legacy/":
   "PATCH /users/{id}":
     scope_header: ""
+  "PATCH /groups/{id}":
+    scope_header: None
 `), base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(f.Routes) != 4 {
+	if len(f.Routes) != 5 {
 		t.Fatalf("%d routes", len(f.Routes))
 	}
 	pay := f.Routes[0]
@@ -68,8 +70,8 @@ routes:
 	if legacy := f.Routes[2].Settings; legacy.Lease != base.Lease || legacy.ScopeHeader != "Authorization" {
 		t.Fatalf("an empty route is the flags' settings: %+v", legacy)
 	}
-	if f.Routes[3].Settings.ScopeHeader != "" {
-		t.Fatal(`scope_header: "" means no scope`)
+	if f.Routes[3].Settings.ScopeHeader != "" || f.Routes[4].Settings.ScopeHeader != "" {
+		t.Fatal(`scope_header: "" and none mean no scope`)
 	}
 	// The checked routes are accepted by New.
 	st, _ := memstore.New(nil)
