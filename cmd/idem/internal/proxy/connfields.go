@@ -118,10 +118,10 @@ func droppedConnection(res *http.Response, c *captureConn) ([]string, bool) {
 		if i < 0 {
 			return nil, false
 		}
+		// A response may follow a body that did not end with a line
+		// break, so the status line need not start a line; the parsed
+		// fields decide whether this is the header.
 		end = i
-		if i > 0 && raw[i-1] != '\n' {
-			continue // not at the start of a line
-		}
 		block := raw[i+len(statusLine):]
 		hdr, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(block))).ReadMIMEHeader()
 		if err != nil || !parsedFrom(res.Header, hdr) {
