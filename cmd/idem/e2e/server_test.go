@@ -46,7 +46,7 @@ func startServer(t *testing.T, name string, args ...string) *server {
 }
 
 // startCommand is startServer for any idem command that logs
-// "idem COMMAND listening" (serve, consume).
+// "idem COMMAND listening" (serve, proxy, consume).
 func startCommand(t *testing.T, name, command string, args ...string) *server {
 	t.Helper()
 	began := time.Now()
@@ -176,7 +176,7 @@ func (s *server) mustMetric(t *testing.T, name string) float64 {
 const maxLogBytes = 8 << 20
 
 // serverLog collects a process's output and announces the address of its
-// JSON line {"msg":"idem serve listening","addr":"..."}.
+// JSON line {"msg":"idem serve listening","addr":"..."} (or idem proxy's).
 type serverLog struct {
 	listening chan string // receives the address once
 
@@ -205,7 +205,7 @@ func (l *serverLog) Write(p []byte) (int, error) {
 		}
 		l.scanned += i + 1
 		var line struct{ Msg, Addr string }
-		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem consume listening") && line.Addr != "" {
+		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem proxy listening" || line.Msg == "idem consume listening") && line.Addr != "" {
 			l.found = true
 			l.listening <- line.Addr
 		}

@@ -24,7 +24,7 @@ Endpoints: GET /ledger/count ({"count":N}), GET /ledger?payment=ID
 ({"entries":[...]}), GET /healthz.`
 
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("consume", consumeAbout, stderr)
+	f := newFlags("consume", consumeAbout, stdout, stderr)
 	brokerURL := f.String("events", "", "the broker to consume from: nats://HOST:4222 or\namqp://USER:PASS@HOST:5672/ (required)")
 	subject := f.String("events-subject", events.DefaultSubject, "the events' NATS subject or AMQP routing key; the durable consumer\nor queue is named after it")
 	db := f.String("db", "ledger.db", "the SQLite file holding the ledger and the inbox records")
@@ -122,7 +122,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	go func() {
 		consumed <- conn.Consume(cctx, in, ledger.Book, nil)
 	}()
-	serveErr := serveHTTP(ctx, ln, mux, logger, 0)
+	serveErr := serveHTTP(ctx, ln, mux, logger, 0, 5*time.Second)
 	stop()
 	if err := <-consumed; err != nil {
 		logger.Error("consumer stopped", "error", err)

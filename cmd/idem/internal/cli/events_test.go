@@ -40,9 +40,9 @@ func TestConsumeReadsFlagsFromEnvironment(t *testing.T) {
 	if code := Main(context.Background(), []string{"consume"}, io.Discard, &errs); code != exitUsage || !strings.Contains(errs.String(), "nats:// or amqp://") {
 		t.Fatalf("exit %d, %q; want IDEM_EVENTS read and refused", code, errs.String())
 	}
-	errs.Reset()
-	if code := Main(context.Background(), []string{"consume", "--help"}, io.Discard, &errs); code != exitOK ||
-		!strings.Contains(errs.String(), "IDEM_EVENTS_SUBJECT") || !strings.Contains(errs.String(), "IDEM_ACK_WAIT") {
-		t.Fatalf("help: exit %d, %q", code, errs.String())
+	var out bytes.Buffer
+	if code := Main(context.Background(), []string{"consume", "--help"}, &out, io.Discard); code != exitOK ||
+		!strings.Contains(out.String(), "IDEM_EVENTS_SUBJECT") || !strings.Contains(out.String(), "IDEM_ACK_WAIT") {
+		t.Fatalf("help: exit %d, %q", code, out.String())
 	}
 }
