@@ -51,7 +51,7 @@ type Message struct {
 // Handler handles one message. Its context carries the execution's
 // transaction on a transactional store: write through it, and do not
 // commit it. Returning an error rolls the writes back and asks the broker
-// to deliver the message again.
+// to deliver the message again, unless it wraps ErrUnprocessable.
 type Handler func(ctx context.Context, m Message) error
 
 // Action is what the adapter does with the delivery after Process.
@@ -66,9 +66,10 @@ const (
 	// was unavailable, or another consumer is handling the same id right
 	// now); ask for a redelivery after a delay.
 	Retry
-	// Drop: the message can never be handled (no id, or an id already used
-	// by a different payload); acknowledge or reject it so that it is not
-	// redelivered forever, and log the error.
+	// Drop: the message can never be handled (no id, an id already used
+	// by a different payload, or the handler said ErrUnprocessable);
+	// terminate or reject it so that it is not redelivered forever, and log
+	// the error.
 	Drop
 )
 
@@ -87,6 +88,12 @@ func (a Action) String() string {
 // ErrNoID is returned (with Drop) for a message without an id: without one
 // it cannot be deduplicated.
 var ErrNoID = errors.New("inbox: message has no id")
+
+// ErrUnprocessable marks a handler error as permanent: a handler returns an
+// error wrapping it for a message it can never handle (a payload it cannot
+// parse), and Process answers Drop instead of Retry, so that a poison
+// message is not redelivered forever. The handler's writes still roll back.
+var ErrUnprocessable = errors.New("inbox: message cannot be processed")
 
 // Config configures an Inbox.
 type Config struct {
@@ -147,6 +154,8 @@ func (in *Inbox) Process(ctx context.Context, m Message, h Handler) (a Action, r
 	case errors.Is(err, idem.ErrResponseUnavailable):
 		// Completed earlier; only its (empty) response is missing.
 		return Ack, true, nil
+	case errors.Is(err, ErrUnprocessable):
+		return Drop, false, err
 	}
 	return Retry, false, err
 }

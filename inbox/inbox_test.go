@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,12 @@ func TestProcessFailuresAndBadMessages(t *testing.T) {
 	m.Payload = []byte("y")
 	if a, _, err := in.Process(ctx, m, func(context.Context, inbox.Message) error { t.Error("ran"); return nil }); a != inbox.Drop || !errors.Is(err, idem.ErrFingerprintMismatch) {
 		t.Fatalf("reused id: %v, %v; want drop", a, err)
+	}
+	// A poison message is dropped, not retried.
+	if a, _, err := in.Process(ctx, inbox.Message{ID: "poison", Topic: "payments"}, func(context.Context, inbox.Message) error {
+		return fmt.Errorf("bad payload: %w", inbox.ErrUnprocessable)
+	}); a != inbox.Drop || !errors.Is(err, inbox.ErrUnprocessable) {
+		t.Fatalf("unprocessable: %v, %v; want drop", a, err)
 	}
 	for _, id := range []string{"", strings.Repeat("x", idem.MaxKeyLength+1), "tab\there"} {
 		if a, _, err := in.Process(ctx, inbox.Message{ID: id, Topic: "payments"}, func(context.Context, inbox.Message) error { t.Error("ran"); return nil }); a != inbox.Drop || err == nil {

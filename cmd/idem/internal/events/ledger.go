@@ -62,7 +62,7 @@ func (l *Ledger) Migrate(ctx context.Context) error {
 func (l *Ledger) Book(ctx context.Context, m inbox.Message) error {
 	var e PaymentCreated
 	if err := json.Unmarshal(m.Payload, &e); err != nil || e.Type != TypePaymentCreated || e.PaymentID == "" {
-		return fmt.Errorf("ledger: not a payment.created event: %v", err)
+		return fmt.Errorf("ledger: not a payment.created event (%v): %w", err, inbox.ErrUnprocessable)
 	}
 	if l.OpDelay > 0 {
 		t := time.NewTimer(l.OpDelay)
