@@ -144,7 +144,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot set up the events", "error", err)
 		return exitError
 	}
-	defer waitEvents()
+	// The dispatcher stops after the last request, before the database
+	// closes; a message it publishes but cannot mark is published again.
+	defer func() { stopEvents(); waitEvents() }()
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", mw.Handle(m.InFlight(http.HandlerFunc(svc.Create)))))
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
