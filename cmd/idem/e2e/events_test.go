@@ -384,9 +384,10 @@ func testBrokerOutage(t *testing.T, nf brokerFixture) {
 		}
 	}
 	mustCreate(0)
-	eventually(t, 30*time.Second, 50*time.Millisecond, "the first event", func() (bool, error) {
+	eventually(t, 30*time.Second, 50*time.Millisecond, "the first event booked and marked sent", func() (bool, error) {
 		n, err := ledgerCount(cons)
-		return n == 1, err
+		// The consumer may book it before the dispatcher marks it.
+		return n == 1 && queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL") == 0, err
 	})
 
 	proxy.cut()

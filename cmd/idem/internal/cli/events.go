@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
@@ -49,39 +50,60 @@ func (ef eventsFlags) check(sameDB bool) error {
 	return nil
 }
 
-// start sets up the outbox in db and runs its dispatcher until ctx ends;
-// it returns the hook that adds a payment's event in the payment's
-// transaction, and a function that waits for the dispatcher to stop.
-func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string, logger *slog.Logger) (func(context.Context, payments.Payment, string) error, func(), error) {
+// eventsRun is a running dispatcher as serve uses it.
+type eventsRun struct {
+	// hook adds a payment's event in the payment's transaction.
+	hook func(context.Context, payments.Payment, string) error
+	// wait waits for the dispatcher to stop.
+	wait func()
+	// notify wakes the dispatcher (after a payment committed).
+	notify func()
+}
+
+// after wraps next so that the dispatcher is woken once a request is
+// answered (its transaction committed): events go out at once instead of
+// at the next poll.
+func (r eventsRun) after(next http.Handler) http.Handler {
+	if r.notify == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		next.ServeHTTP(w, req)
+		r.notify()
+	})
+}
+
+// start sets up the outbox in db and runs its dispatcher until ctx ends.
+func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string, logger *slog.Logger) (eventsRun, error) {
 	if *ef.url == "" {
-		return nil, func() {}, nil
+		return eventsRun{wait: func() {}}, nil
 	}
 	var ob addStore
 	switch {
 	case db.SQLite != nil:
 		s, err := sqliteoutbox.New(db.SQLite.DB(), nil)
 		if err != nil {
-			return nil, nil, err
+			return eventsRun{}, err
 		}
 		if err := s.Migrate(ctx); err != nil {
-			return nil, nil, err
+			return eventsRun{}, err
 		}
 		ob = s
 	default:
 		s, err := newPGOutbox(ctx, db, spec)
 		if err != nil {
-			return nil, nil, err
+			return eventsRun{}, err
 		}
 		ob = s
 	}
 	conn, err := events.Dial(ctx, *ef.url, *ef.subject, logger)
 	if err != nil {
-		return nil, nil, err
+		return eventsRun{}, err
 	}
 	d, err := outbox.NewDispatcher(ob, conn.Publisher, &outbox.Config{Logger: logger, Lease: *ef.lease, PublishTimeout: min(outbox.DefaultPublishTimeout, *ef.lease/3)})
 	if err != nil {
 		conn.Close()
-		return nil, nil, err
+		return eventsRun{}, err
 	}
 	done := make(chan struct{})
 	go func() {
@@ -102,5 +124,5 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string,
 		}
 		return nil
 	}
-	return hook, func() { <-done }, nil
+	return eventsRun{hook: hook, wait: func() { <-done }, notify: d.Notify}, nil
 }

@@ -98,7 +98,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer closeStore(records, logger)
 	}
 	var repo payments.Repo
-	var waitEvents func()
+	var evs eventsRun
 	if dbStore.SQLite != nil {
 		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
 	} else {
@@ -140,15 +140,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
 	evctx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
-	if svc.OnCreateFunc, waitEvents, err = ef.start(evctx, dbStore, *db, logger); err != nil {
+	if evs, err = ef.start(evctx, dbStore, *db, logger); err != nil {
 		logger.Error("cannot set up the events", "error", err)
 		return exitError
 	}
 	// The dispatcher stops after the last request, before the database
 	// closes; a message it publishes but cannot mark is published again.
-	defer func() { stopEvents(); waitEvents() }()
+	defer func() { stopEvents(); evs.wait() }()
+	svc.OnCreateFunc = evs.hook
 	mux := http.NewServeMux()
-	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", mw.Handle(m.InFlight(http.HandlerFunc(svc.Create)))))
+	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", evs.after(mw.Handle(m.InFlight(http.HandlerFunc(svc.Create))))))
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
 	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", http.HandlerFunc(svc.Get)))
 	mux.Handle("GET /healthz", health(dbStore, records))
