@@ -143,9 +143,12 @@ func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, e
 }
 
 func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time, res *Result) (*Result, error) {
+	// With EncryptionConfig.HashKey the stores see digests, never the
+	// client's values; p keeps them for the operation and the logs.
+	storedScope, storedKey := e.cfg.Encryption.StoredKey(p.Scope, p.Key)
 	cp := ClaimParams{
-		Scope:       p.Scope,
-		Key:         p.Key,
+		Scope:       storedScope,
+		Key:         storedKey,
 		Fingerprint: p.Fingerprint,
 		Token:       e.newToken(),
 		Lease:       e.cfg.Lease,
@@ -173,6 +176,9 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 			resp := cr.Record.Response
 			if resp == nil {
 				return res, e.storeFailure(ctx, p, start, "claim", errors.New("completed record without a response"))
+			}
+			if resp, err = e.cfg.Encryption.Open(ctx, p.Scope, p.Key, resp); err != nil {
+				return res, e.unreadable(ctx, p, start, err)
 			}
 			if resp.Unreplayable {
 				res.Response = &Response{StatusCode: resp.StatusCode}
@@ -206,7 +212,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 				w = e.newWaiter()
 			}
 			res.Waited = true
-			if err := w.wait(ctx, p.Scope, p.Key); err != nil {
+			if err := w.wait(ctx, cp.Scope, cp.Key); err != nil {
 				if errors.Is(err, ErrInFlight) {
 					e.emit(ctx, Event{Kind: EventInFlight, Operation: p.Operation, Status: 409, Code: CodeRequestInProgress, Waited: true}, start)
 				}
@@ -321,7 +327,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	cpar := CompleteParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Response: resp, Now: e.cfg.NowFunc()}
 	var err error
 	if tx != nil {
-		err = completeWith(storeCtx, tx.Complete, cpar)
+		err = e.completeWith(storeCtx, tx.Complete, cpar, p)
 		if err == nil {
 			err = tx.Commit(storeCtx)
 		}
@@ -336,7 +342,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 			return res, e.storeFailure(ctx, p, start, "complete", err)
 		}
 	} else {
-		err = completeWith(storeCtx, e.store.Complete, cpar)
+		err = e.completeWith(storeCtx, e.store.Complete, cpar, p)
 		if errors.Is(err, ErrLeaseLost) {
 			return res, e.leaseLost(ctx, p, start, cr.TookOver, err, false, nil)
 		}
@@ -359,10 +365,20 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 // completeWith completes a record and, if the store cannot hold the
 // response, completes it as unreplayable instead: too big to store must
 // never mean "run it again".
-func completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams) error {
-	err := complete(ctx, p)
-	if errors.Is(err, ErrResponseTooLarge) && !p.Response.Unreplayable {
-		p.Response = &Response{StatusCode: p.Response.StatusCode, Unreplayable: true}
+//
+// With Config.Encryption the store receives the sealed response, bound to
+// the record's (scope, key) as the client named them.
+func (e *Executor) completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams, dp DoParams) error {
+	resp := p.Response
+	var err error
+	if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, resp); err != nil {
+		return err
+	}
+	err = complete(ctx, p)
+	if errors.Is(err, ErrResponseTooLarge) && !resp.Unreplayable {
+		if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, &Response{StatusCode: resp.StatusCode, Unreplayable: true}); err != nil {
+			return err
+		}
 		err = complete(ctx, p)
 	}
 	return err

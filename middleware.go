@@ -191,6 +191,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			Title:      "The request lost its claim on the Idempotency-Key",
 			Detail:     "Another attempt took over this key while the request ran; its result was discarded. Retry with the same key to receive the outcome.",
 			RetryAfter: cfg.retryAfterSeconds()})
+	case errors.Is(err, ErrRecordUnreadable):
+		m.fail(w, r, &Problem{Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable,
+			Title:      "The stored response for this Idempotency-Key cannot be read",
+			Detail:     "The request was already executed, but its stored response cannot be decrypted here. It will not be executed again with this key; retry later.",
+			RetryAfter: cfg.retryAfterSeconds()})
 	case errors.Is(err, ErrStoreUnavailable):
 		if !ran && cfg.FailOpen {
 			next.ServeHTTP(w, r)

@@ -1,0 +1,247 @@
+package idem
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// ErrRecordUnreadable is returned by Executor.Do (and answered with 503
+// idempotency.record_unreadable) when a completed record exists but its
+// response cannot be decrypted: its key id is no longer in the keyring, the
+// ciphertext was altered or copied from another record, or the record is
+// encrypted and no keys are configured (or not encrypted and plaintext is
+// not accepted). The key stays completed: the operation is never executed
+// again and nothing undecryptable is replayed. It is not a store failure,
+// so Config.FailOpen does not apply to it.
+var ErrRecordUnreadable = errors.New("idem: the stored response cannot be decrypted")
+
+// Encryption protects what idem stores (set it as Config.Encryption):
+//
+//   - every stored response (status, header fields, body) is sealed with
+//     AES-256-GCM under a random data key of its own, and that data key is
+//     wrapped by the KeyProvider, whose key id is stored with the record;
+//   - the record's scope and key are authenticated as associated data of
+//     both, so a ciphertext moved to another record does not decrypt;
+//   - optionally (EncryptionConfig.HashKey) the stores hold an HMAC of the
+//     scope and the key instead of the client's values.
+//
+// It works in the core, on the Response handed to Store.Complete (and
+// StoreTx.Complete) and returned by Store.Claim, so every store gets it
+// and keeps its optional capabilities. An Encryption is immutable and safe
+// for concurrent use. Its methods accept a nil receiver, which means
+// encryption off.
+type Encryption struct {
+	keys            KeyProvider
+	hashKey         []byte
+	acceptPlaintext bool
+}
+
+// EncryptionConfig configures NewEncryption. A nil *EncryptionConfig
+// means every default.
+type EncryptionConfig struct {
+	// HashKey, when set, makes the core hand stores an HMAC-SHA256 of the
+	// record scope and of the idempotency key (base64url, 43 characters
+	// each) instead of the values themselves, so a store's contents name no
+	// tenant and no client key. It must be at least 32 bytes, secret, and
+	// the same for as long as records live: with another HashKey every
+	// stored record is out of reach, and a retry of an operation already
+	// executed would run it again. It therefore never rotates with the
+	// keyring. Defaults to none: scope and key are stored as they are.
+	HashKey []byte
+
+	// AcceptPlaintext replays records that are not encrypted: those written
+	// before encryption was turned on, within their TTL. Without it such a
+	// record is answered with 503 idempotency.record_unreadable, since with
+	// encryption on no unencrypted record should exist. Defaults to false.
+	AcceptPlaintext bool
+}
+
+// NewEncryption returns an Encryption that wraps data keys with keys.
+func NewEncryption(keys KeyProvider, cfg *EncryptionConfig) (*Encryption, error) {
+	if keys == nil {
+		return nil, errors.New("idem: encryption: nil KeyProvider")
+	}
+	e := &Encryption{keys: keys}
+	if cfg != nil {
+		if cfg.HashKey != nil && len(cfg.HashKey) < 32 {
+			return nil, fmt.Errorf("idem: encryption: HashKey is %d bytes, want at least 32", len(cfg.HashKey))
+		}
+		e.hashKey = append([]byte(nil), cfg.HashKey...)
+		if len(e.hashKey) == 0 {
+			e.hashKey = nil
+		}
+		e.acceptPlaintext = cfg.AcceptPlaintext
+	}
+	return e, nil
+}
+
+// envelopeField marks a sealed response. A name that starts with a colon
+// is no valid HTTP/1 field name and is a pseudo-header in HTTP/2, so no
+// handler's response carries it: a sealed record is never mistaken for a
+// plain one, with or without encryption configured.
+const envelopeField = ":idem-envelope"
+
+// envelopeV1 is the first byte of a sealed body and the field's value.
+const (
+	envelopeV1      = 1
+	envelopeV1Field = "v1"
+	// sealedStatus is the status code of a sealed response as stores see
+	// it; the real one is inside the ciphertext.
+	sealedStatus = http.StatusOK
+	dataKeySize  = 32
+	gcmNonceSize = 12
+)
+
+var envelopeFieldValue = []string{envelopeV1Field}
+
+// Seal returns the form of r to store for (scope, key): r's binary encoding
+// encrypted under a fresh data key, as the body of a response with status
+// 200 and the single field ":idem-envelope: v1". The body is: version byte,
+// key id and wrapped data key (each a uvarint length and bytes), the
+// 12-byte nonce, and the AES-256-GCM ciphertext. scope and key are the
+// record's own (not hashed). With a nil receiver Seal returns r.
+func (e *Encryption) Seal(ctx context.Context, scope, key string, r *Response) (*Response, error) {
+	if e == nil {
+		return r, nil
+	}
+	plain, err := r.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	var rnd [dataKeySize + gcmNonceSize]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("idem: encryption: %w", err)
+	}
+	dk, nonce := rnd[:dataKeySize], rnd[dataKeySize:]
+	aad := envelopeAAD(scope, key)
+	keyID, wrapped, err := e.keys.WrapKey(ctx, dk, aad)
+	if err != nil {
+		return nil, fmt.Errorf("idem: encryption: wrap data key: %w", err)
+	}
+	aead, err := newGCM(dk)
+	if err != nil {
+		return nil, err
+	}
+	n := 1 + binary.MaxVarintLen64*2 + len(keyID) + len(wrapped) + gcmNonceSize + len(plain) + aead.Overhead()
+	b := make([]byte, 0, n)
+	b = append(b, envelopeV1)
+	b = appendField(b, keyID)
+	b = appendField(b, wrapped)
+	b = append(b, nonce...)
+	b = aead.Seal(b, nonce, plain, aad)
+	return &Response{StatusCode: sealedStatus, Header: http.Header{envelopeField: envelopeFieldValue}, Body: b}, nil
+}
+
+// Open returns the response that Seal sealed into r for (scope, key). It
+// returns an error wrapping ErrRecordUnreadable (and ErrUnknownKeyID or
+// ErrDecrypt where they apply) when it cannot: it never returns bytes that
+// did not authenticate. A response that is not sealed is returned as it is
+// if encryption is off (nil receiver) or AcceptPlaintext is set.
+func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (*Response, error) {
+	if r == nil {
+		return nil, nil
+	}
+	v, sealed := r.Header[envelopeField]
+	if !sealed {
+		if e == nil || e.acceptPlaintext {
+			return r, nil
+		}
+		return nil, fmt.Errorf("%w: the record is not encrypted (EncryptionConfig.AcceptPlaintext is off)", ErrRecordUnreadable)
+	}
+	if e == nil {
+		return nil, fmt.Errorf("%w: the record is encrypted and no encryption keys are configured", ErrRecordUnreadable)
+	}
+	if len(v) != 1 || v[0] != envelopeV1Field {
+		return nil, fmt.Errorf("%w: unknown envelope version", ErrRecordUnreadable)
+	}
+	d := decoder{b: r.Body}
+	version := d.byte()
+	keyID := d.field()
+	wrapped := d.field()
+	if d.err != nil || version != envelopeV1 || len(d.b) < gcmNonceSize {
+		return nil, fmt.Errorf("%w: malformed envelope", ErrRecordUnreadable)
+	}
+	nonce, ct := d.b[:gcmNonceSize], d.b[gcmNonceSize:]
+	aad := envelopeAAD(scope, key)
+	dk, err := e.keys.UnwrapKey(ctx, string(keyID), wrapped, aad)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRecordUnreadable, err)
+	}
+	if len(dk) != dataKeySize {
+		return nil, fmt.Errorf("%w: data key of %d bytes", ErrRecordUnreadable, len(dk))
+	}
+	aead, err := newGCM(dk)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRecordUnreadable, err)
+	}
+	plain, err := aead.Open(nil, nonce, ct, aad)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w: response under key %q", ErrRecordUnreadable, ErrDecrypt, keyID)
+	}
+	out := new(Response)
+	if err := out.UnmarshalBinary(plain); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRecordUnreadable, err)
+	}
+	return out, nil
+}
+
+// StoredKey returns the (scope, key) under which stores keep the record
+// of (scope, key): HMAC-SHA256 digests under EncryptionConfig.HashKey, or
+// the values themselves without one (or with a nil receiver). The key's
+// digest covers the scope too, so equal keys of two tenants do not show as
+// equal digests.
+func (e *Encryption) StoredKey(scope, key string) (string, string) {
+	if e == nil || e.hashKey == nil {
+		return scope, key
+	}
+	var buf [sha256.Size]byte
+	m := hmac.New(sha256.New, e.hashKey)
+	m.Write([]byte{'s'})
+	m.Write([]byte(scope))
+	hs := base64.RawURLEncoding.EncodeToString(m.Sum(buf[:0]))
+	m.Reset()
+	m.Write([]byte{'k'})
+	m.Write(binary.AppendUvarint(nil, uint64(len(scope))))
+	m.Write([]byte(scope))
+	m.Write([]byte(key))
+	return hs, base64.RawURLEncoding.EncodeToString(m.Sum(buf[:0]))
+}
+
+// envelopeAAD is the associated data that binds a sealed response (and its
+// wrapped data key) to its record.
+func envelopeAAD(scope, key string) []byte {
+	b := make([]byte, 0, 16+len(scope)+len(key))
+	b = append(b, "idem-envelope-v1"...)
+	b = appendField(b, scope)
+	return appendField(b, key)
+}
+
+func newGCM(key []byte) (cipher.AEAD, error) {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
+}
+
+// unreadable reports a completed record whose response cannot be opened:
+// logged as an error (the operator must restore a key or investigate
+// tampering), observed as a store error with CodeRecordUnreadable, and
+// returned as an error wrapping ErrRecordUnreadable.
+func (e *Executor) unreadable(ctx context.Context, p DoParams, start time.Time, err error) error {
+	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored response cannot be decrypted; answering 503 without executing",
+		slog.String("operation", p.Operation), e.cfg.keyAttr(p.Scope, p.Key), slog.Any("error", err))
+	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable, Err: err}, start)
+	return err
+}
