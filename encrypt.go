@@ -92,30 +92,33 @@ func NewEncryption(keys KeyProvider, cfg *EncryptionConfig) (*Encryption, error)
 // plain one, with or without encryption configured.
 const envelopeField = ":idem-envelope"
 
-// envelopeV1 is the first byte of a sealed body and the field's value.
 const (
-	envelopeV1      = 1
-	envelopeV1Field = "v1"
+	// envelopeV1 is the first value of the envelope field: the format.
+	envelopeV1 = "v1"
 	// sealedStatus is the status code of a sealed response as stores see
 	// it; the real one is inside the ciphertext.
 	sealedStatus = http.StatusOK
 	dataKeySize  = 32
 	gcmNonceSize = 12
+	gcmTagSize   = 16
 )
 
-var envelopeFieldValue = []string{envelopeV1Field}
-
-// Seal returns the form of r to store for (scope, key): r's binary encoding
-// encrypted under a fresh data key, as the body of a response with status
-// 200 and the single field ":idem-envelope: v1". The body is: version byte,
-// key id and wrapped data key (each a uvarint length and bytes), the
-// 12-byte nonce, and the AES-256-GCM ciphertext. scope and key are the
-// record's own (not hashed). With a nil receiver Seal returns r.
+// Seal returns the form of r to store for (scope, key). r's status, header
+// fields and flags (its binary encoding without the body) followed by its
+// body are encrypted as one AES-256-GCM message under a fresh data key, and
+// the ciphertext is split: the body's part becomes the sealed response's
+// body, of the same length as r's, so that encryption never pushes a body
+// over a store's limit; the rest travels in the field ":idem-envelope",
+// whose values are "v1" and the base64url of: key id and wrapped data key
+// (each a uvarint length and bytes), the 12-byte nonce, the 16-byte tag,
+// and the encrypted status and header fields. The sealed response's status
+// is 200. scope and key are the record's own (not hashed); with a nil
+// receiver Seal returns r.
 func (e *Encryption) Seal(ctx context.Context, scope, key string, r *Response) (*Response, error) {
 	if e == nil {
 		return r, nil
 	}
-	plain, err := r.MarshalBinary()
+	meta, err := (&Response{StatusCode: r.StatusCode, Header: r.Header, Unreplayable: r.Unreplayable}).MarshalBinary()
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +127,7 @@ func (e *Encryption) Seal(ctx context.Context, scope, key string, r *Response) (
 		return nil, fmt.Errorf("idem: encryption: %w", err)
 	}
 	dk, nonce := rnd[:dataKeySize], rnd[dataKeySize:]
-	aad := envelopeAAD(scope, key)
+	aad := envelopeAAD(scope, key, len(meta))
 	keyID, wrapped, err := e.keys.WrapKey(ctx, dk, aad)
 	if err != nil {
 		return nil, fmt.Errorf("idem: encryption: wrap data key: %w", err)
@@ -133,14 +136,22 @@ func (e *Encryption) Seal(ctx context.Context, scope, key string, r *Response) (
 	if err != nil {
 		return nil, err
 	}
-	n := 1 + binary.MaxVarintLen64*2 + len(keyID) + len(wrapped) + gcmNonceSize + len(plain) + aead.Overhead()
-	b := make([]byte, 0, n)
-	b = append(b, envelopeV1)
-	b = appendField(b, keyID)
-	b = appendField(b, wrapped)
-	b = append(b, nonce...)
-	b = aead.Seal(b, nonce, plain, aad)
-	return &Response{StatusCode: sealedStatus, Header: http.Header{envelopeField: envelopeFieldValue}, Body: b}, nil
+	plain := make([]byte, 0, len(meta)+len(r.Body)+gcmTagSize)
+	plain = append(append(plain, meta...), r.Body...)
+	ct := aead.Seal(plain[:0], nonce, plain, aad)
+	metaCt, bodyCt, tag := ct[:len(meta)], ct[len(meta):len(ct)-gcmTagSize], ct[len(ct)-gcmTagSize:]
+
+	env := make([]byte, 0, 2*binary.MaxVarintLen64+len(keyID)+len(wrapped)+gcmNonceSize+gcmTagSize+len(metaCt))
+	env = appendField(env, keyID)
+	env = appendField(env, wrapped)
+	env = append(append(append(env, nonce...), tag...), metaCt...)
+	var body []byte
+	if len(bodyCt) > 0 {
+		body = bodyCt
+	}
+	return &Response{StatusCode: sealedStatus, Body: body, Header: http.Header{
+		envelopeField: {envelopeV1, base64.RawURLEncoding.EncodeToString(env)},
+	}}, nil
 }
 
 // Open returns the response that Seal sealed into r for (scope, key). It
@@ -162,18 +173,21 @@ func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (
 	if e == nil {
 		return nil, fmt.Errorf("%w: the record is encrypted and no encryption keys are configured", ErrRecordUnreadable)
 	}
-	if len(v) != 1 || v[0] != envelopeV1Field {
-		return nil, fmt.Errorf("%w: unknown envelope version", ErrRecordUnreadable)
+	if len(v) != 2 || v[0] != envelopeV1 || len(r.Header) != 1 || r.StatusCode != sealedStatus || r.Unreplayable {
+		return nil, fmt.Errorf("%w: unknown envelope format", ErrRecordUnreadable)
 	}
-	d := decoder{b: r.Body}
-	version := d.byte()
-	keyID := d.field()
-	wrapped := d.field()
-	if d.err != nil || version != envelopeV1 || len(d.b) < gcmNonceSize {
+	env, err := base64.RawURLEncoding.Strict().DecodeString(v[1])
+	if err != nil {
 		return nil, fmt.Errorf("%w: malformed envelope", ErrRecordUnreadable)
 	}
-	nonce, ct := d.b[:gcmNonceSize], d.b[gcmNonceSize:]
-	aad := envelopeAAD(scope, key)
+	d := decoder{b: env}
+	keyID := d.field()
+	wrapped := d.field()
+	if d.err != nil || len(d.b) < gcmNonceSize+gcmTagSize {
+		return nil, fmt.Errorf("%w: malformed envelope", ErrRecordUnreadable)
+	}
+	nonce, tag, metaCt := d.b[:gcmNonceSize], d.b[gcmNonceSize:gcmNonceSize+gcmTagSize], d.b[gcmNonceSize+gcmTagSize:]
+	aad := envelopeAAD(scope, key, len(metaCt))
 	dk, err := e.keys.UnwrapKey(ctx, string(keyID), wrapped, aad)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrRecordUnreadable, err)
@@ -185,13 +199,18 @@ func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrRecordUnreadable, err)
 	}
-	plain, err := aead.Open(nil, nonce, ct, aad)
+	ct := make([]byte, 0, len(metaCt)+len(r.Body)+gcmTagSize)
+	ct = append(append(append(ct, metaCt...), r.Body...), tag...)
+	plain, err := aead.Open(ct[:0], nonce, ct, aad)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w: response under key %q", ErrRecordUnreadable, ErrDecrypt, keyID)
 	}
 	out := new(Response)
-	if err := out.UnmarshalBinary(plain); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRecordUnreadable, err)
+	if err := out.UnmarshalBinary(plain[:len(metaCt)]); err != nil || len(out.Body) != 0 {
+		return nil, fmt.Errorf("%w: malformed sealed response", ErrRecordUnreadable)
+	}
+	if len(plain) > len(metaCt) {
+		out.Body = plain[len(metaCt):]
 	}
 	return out, nil
 }
@@ -220,11 +239,12 @@ func (e *Encryption) StoredKey(scope, key string) (string, string) {
 
 // envelopeAAD is the associated data that binds a sealed response (and its
 // wrapped data key) to its record.
-func envelopeAAD(scope, key string) []byte {
-	b := make([]byte, 0, 16+len(scope)+len(key))
+func envelopeAAD(scope, key string, metaLen int) []byte {
+	b := make([]byte, 0, 32+len(scope)+len(key))
 	b = append(b, "idem-envelope-v1"...)
 	b = appendField(b, scope)
-	return appendField(b, key)
+	b = appendField(b, key)
+	return binary.AppendUvarint(b, uint64(metaLen))
 }
 
 func newGCM(key []byte) (cipher.AEAD, error) {
