@@ -172,6 +172,7 @@ const maxLogBytes = 8 << 20
 // JSON line {"msg":"idem serve listening","addr":"..."}.
 type serverLog struct {
 	listening chan string // receives the address once
+	listenMsg string      // the listening line's msg; "" means "idem serve listening"
 
 	mu      sync.Mutex
 	buf     bytes.Buffer
@@ -198,7 +199,7 @@ func (l *serverLog) Write(p []byte) (int, error) {
 		}
 		l.scanned += i + 1
 		var line struct{ Msg, Addr string }
-		if json.Unmarshal(rest[:i], &line) == nil && line.Msg == "idem serve listening" && line.Addr != "" {
+		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == l.listenMsg || l.listenMsg == "" && line.Msg == "idem serve listening") && line.Addr != "" {
 			l.found = true
 			l.listening <- line.Addr
 		}

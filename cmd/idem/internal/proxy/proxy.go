@@ -101,6 +101,10 @@ type Config struct {
 	// Logger receives the upstream failures and the core's warnings.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Encryption, if set, encrypts every stored response (see
+	// idem.Config.Encryption). Defaults to none.
+	Encryption *idem.Encryption
 }
 
 // Proxy is an http.Handler that forwards requests to the upstream through
@@ -228,6 +232,7 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		ScopeFunc:       scopeFunc(s.ScopeHeader),
 		MaxRequestBody:  s.MaxRequestBody,
 		MaxResponseBody: int(s.MaxResponseBody),
+		Encryption:      cfg.Encryption,
 	})
 	if err != nil {
 		return nil, err
