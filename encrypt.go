@@ -11,8 +11,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -45,6 +47,9 @@ type Encryption struct {
 	keys            KeyProvider
 	hashKey         []byte
 	acceptPlaintext bool
+	// macs holds HMAC-SHA256 states under hashKey: building one costs
+	// more than the digest of a scope and a key.
+	macs sync.Pool
 }
 
 // EncryptionConfig configures NewEncryption. A nil *EncryptionConfig
@@ -83,6 +88,7 @@ func NewEncryption(keys KeyProvider, cfg *EncryptionConfig) (*Encryption, error)
 		}
 		e.acceptPlaintext = cfg.AcceptPlaintext
 	}
+	e.macs.New = func() any { return hmac.New(sha256.New, e.hashKey) }
 	return e, nil
 }
 
@@ -224,17 +230,17 @@ func (e *Encryption) StoredKey(scope, key string) (string, string) {
 	if e == nil || e.hashKey == nil {
 		return scope, key
 	}
-	var buf [sha256.Size]byte
-	m := hmac.New(sha256.New, e.hashKey)
-	m.Write([]byte{'s'})
-	m.Write([]byte(scope))
-	hs := base64.RawURLEncoding.EncodeToString(m.Sum(buf[:0]))
+	m := e.macs.Get().(hash.Hash)
+	defer e.macs.Put(m)
+	var in [256]byte
+	var sum [sha256.Size]byte
 	m.Reset()
-	m.Write([]byte{'k'})
-	m.Write(binary.AppendUvarint(nil, uint64(len(scope))))
-	m.Write([]byte(scope))
-	m.Write([]byte(key))
-	return hs, base64.RawURLEncoding.EncodeToString(m.Sum(buf[:0]))
+	m.Write(append(append(in[:0], 's'), scope...))
+	hs := base64.RawURLEncoding.EncodeToString(m.Sum(sum[:0]))
+	m.Reset()
+	b := binary.AppendUvarint(append(in[:0], 'k'), uint64(len(scope)))
+	m.Write(append(append(b, scope...), key...))
+	return hs, base64.RawURLEncoding.EncodeToString(m.Sum(sum[:0]))
 }
 
 // envelopeAAD is the associated data that binds a sealed response (and its

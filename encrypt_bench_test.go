@@ -37,7 +37,7 @@ func BenchmarkEncryption(b *testing.B) {
 		var now atomic.Int64
 		clock := func() time.Time { return time.Unix(0, now.Load()) }
 		store, _ := memstore.New(&memstore.Config{MaxRecords: 1 << 20})
-		mw, err := idem.NewMiddleware(store, &idem.Config{TTL: 16 * time.Second, NowFunc: clock, Encryption: m.enc})
+		mw, err := idem.NewMiddleware(store, &idem.Config{TTL: 16 * time.Second, Lease: 5 * time.Second, NowFunc: clock, Encryption: m.enc})
 		if err != nil {
 			b.Fatal(err)
 		}
