@@ -29,6 +29,15 @@ func BenchmarkEncryption(b *testing.B) {
 		{"aes+hash", newEncryption(b, &idem.EncryptionConfig{HashKey: testKey("hash")}, "1")},
 	}
 	for _, m := range modes {
+		b.Run(m.name, func(b *testing.B) { benchEncryptionMode(b, m.enc) })
+	}
+}
+
+// benchEncryptionMode sets up one mode's store and middleware, so that a
+// mode's records are garbage once it is done and never weigh on the next
+// mode's collections.
+func benchEncryptionMode(b *testing.B, enc *idem.Encryption) {
+	{
 		// The first-execution path in a steady state, as in
 		// BenchmarkMiddleware but smaller, to keep the set-up of three
 		// modes short: a virtual clock moves 1 ms per request, the TTL is
@@ -37,7 +46,7 @@ func BenchmarkEncryption(b *testing.B) {
 		var now atomic.Int64
 		clock := func() time.Time { return time.Unix(0, now.Load()) }
 		store, _ := memstore.New(&memstore.Config{MaxRecords: 1 << 20})
-		mw, err := idem.NewMiddleware(store, &idem.Config{TTL: 16 * time.Second, Lease: 5 * time.Second, NowFunc: clock, Encryption: m.enc})
+		mw, err := idem.NewMiddleware(store, &idem.Config{TTL: 16 * time.Second, Lease: 5 * time.Second, NowFunc: clock, Encryption: enc})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -73,13 +82,13 @@ func BenchmarkEncryption(b *testing.B) {
 		for range 20_000 {
 			serve(b, firstKey())
 		}
-		b.Run(m.name+"/first", func(b *testing.B) {
+		b.Run("first", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				serve(b, firstKey())
 			}
 		})
-		b.Run(m.name+"/replay", func(b *testing.B) {
+		b.Run("replay", func(b *testing.B) {
 			const key = `"replay-8e03978e-40d5-43e8-bc93-6894a57f9324"`
 			b.ReportAllocs()
 			for b.Loop() {
