@@ -267,7 +267,7 @@ func newGCM(key []byte) (cipher.AEAD, error) {
 // returned as an error wrapping ErrRecordUnreadable.
 func (e *Executor) unreadable(ctx context.Context, p DoParams, start time.Time, err error) error {
 	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored response cannot be decrypted; answering 503 without executing",
-		slog.String("operation", p.Operation), e.cfg.keyAttr(p.Scope, p.Key), slog.Any("error", err))
+		slog.String("operation", p.Operation), keyAttr(p.Key), slog.Any("error", err))
 	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable, Err: err}, start)
 	return err
 }

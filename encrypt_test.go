@@ -340,7 +340,7 @@ type encServer struct {
 func newEncServer(t *testing.T, store idem.Store, enc *idem.Encryption, runs *atomic.Int64, failOpen bool) encServer {
 	t.Helper()
 	mw, err := idem.NewMiddleware(store, &idem.Config{Encryption: enc, FailOpen: failOpen,
-		ScopeFunc: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
+		TenantFunc: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

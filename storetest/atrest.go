@@ -110,7 +110,7 @@ func newPaymentServer(t *testing.T, store idem.Store, enc *idem.Encryption, runs
 	mw, err := idem.NewMiddleware(store, &idem.Config{
 		Encryption:    enc,
 		FailOpen:      true, // an unreadable record must not fall through to the handler
-		ScopeFunc:     func(r *http.Request) (string, error) { return atRestTenant, nil },
+		TenantFunc:    func(r *http.Request) (string, error) { return atRestTenant, nil },
 		OperationFunc: func(*http.Request) string { return atRestOp },
 	})
 	if err != nil {
