@@ -138,7 +138,9 @@ type Operation func(ctx context.Context) (*Response, error)
 // is. If op panics, the key is released and the panic continues, with op's
 // own stack. A lost lease yields ErrLeaseLost and discards op's result;
 // store failures (including a store call that outlives Config.StoreTimeout)
-// yield errors wrapping ErrStoreUnavailable.
+// yield errors wrapping ErrStoreUnavailable. With Config.Encryption, a
+// completed record whose response cannot be decrypted yields
+// ErrRecordUnreadable, and op does not run.
 func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, error) {
 	return e.do(ctx, p, op, e.cfg.NowFunc())
 }
