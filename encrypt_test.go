@@ -11,6 +11,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -461,5 +463,35 @@ func TestEncryptionRotation(t *testing.T) {
 	off := newEncServer(t, store, nil, &runs, true)
 	if r := off.pay(t, "t", "new"); r.status != 503 || r.code != idem.CodeRecordUnreadable || runs.Load() != 2 {
 		t.Fatalf("no keys, encrypted record: %+v", r)
+	}
+}
+
+func TestLoadKeyring(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := filepath.Join(dir, "keys")
+	if err := os.WriteFile(good, []byte(keyringText("a", "b")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kr, err := idem.LoadKeyring(good)
+	if err != nil || kr.CurrentID() != "b" {
+		t.Fatalf("LoadKeyring: %v", err)
+	}
+	if _, err := idem.LoadKeyring(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+	huge := filepath.Join(dir, "huge")
+	if err := os.WriteFile(huge, bytes.Repeat([]byte("# padding\n"), 120_000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.LoadKeyring(huge); err == nil || !strings.Contains(err.Error(), "limit") {
+		t.Errorf("a 1.2 MB file: %v, want the size limit", err)
+	}
+	bad := filepath.Join(dir, "bad")
+	if err := os.WriteFile(bad, []byte("1:AAAA\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.LoadKeyring(bad); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("malformed file: %v, want the file and the line", err)
 	}
 }
