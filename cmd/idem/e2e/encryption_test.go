@@ -196,39 +196,7 @@ func runToExit(t *testing.T, env []string, args ...string) (int, string) {
 	return code, string(out)
 }
 
-// startProxy runs `idem proxy --addr 127.0.0.1:0 --log-format json` with
-// args and waits until it listens; it is stopped when the test ends.
-func startProxy(t *testing.T, name string, env []string, args ...string) *server {
-	t.Helper()
-	s := &server{name: name, log: newServerLog(), exited: make(chan struct{})}
-	s.log.listenMsg = "idem proxy listening"
-	s.cmd = exec.Command(binary(t), append([]string{"proxy", "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	s.cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), env...)
-	s.cmd.WaitDelay = 5 * time.Second
-	killWithParent(s.cmd)
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		s.waitErr = s.cmd.Wait()
-		close(s.exited)
-	}()
-	t.Cleanup(func() { s.cleanup(t) })
-	timer := time.NewTimer(startTimeout)
-	defer timer.Stop()
-	select {
-	case s.addr = <-s.log.listening:
-	case <-s.exited:
-		t.Fatalf("%s exited at start (%v); log:\n%s", name, s.waitErr, s.log.tail(30))
-	case <-timer.C:
-		t.Fatalf("%s did not log its address within %v; log:\n%s", name, startTimeout, s.log.tail(30))
-	}
-	s.url = "http://" + s.addr
-	return s
-}
-
-// idem proxy --encryption-keys (here from IDEM_ENCRYPTION_KEYS): what a
+// idem proxy --encryption-keys: what a
 // malicious or talkative upstream answered is stored encrypted, replays
 // are byte for byte, and a proxy started without the keys answers 503 for
 // the encrypted record instead of forwarding the request again.
@@ -248,7 +216,7 @@ func TestProxyEncryptionKeys(t *testing.T) {
 	records := filepath.Join(t.TempDir(), "proxy.db")
 	keys := keyringFile(t, map[string]string{}, "k1")
 
-	px := startProxy(t, "proxy-enc", []string{"IDEM_ENCRYPTION_KEYS=" + keys}, "--upstream", upstream.URL, "--store", records)
+	px := startCommand(t, "proxy-enc", "proxy", "--upstream", upstream.URL, "--store", records, "--encryption-keys", keys)
 	key := "transfer-" + randomName(6)
 	send := func(s *server) reply {
 		t.Helper()
@@ -275,7 +243,7 @@ func TestProxyEncryptionKeys(t *testing.T) {
 	if raw := sqliteFiles(t, records); len(raw) == 0 || bytes.Contains(raw, []byte(marker)) {
 		t.Fatalf("the records file (%d bytes) holds the upstream's response in clear", len(raw))
 	}
-	plain := startProxy(t, "proxy-no-keys", nil, "--upstream", upstream.URL, "--store", records)
+	plain := startCommand(t, "proxy-no-keys", "proxy", "--upstream", upstream.URL, "--store", records)
 	if r := send(plain); r.status != http.StatusServiceUnavailable || r.problemCode() != idem.CodeRecordUnreadable {
 		t.Fatalf("without keys: %v, want 503 %s", r, idem.CodeRecordUnreadable)
 	}
