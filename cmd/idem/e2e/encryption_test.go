@@ -223,6 +223,7 @@ func TestProxyEncryptionKeys(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, s.url+"/transfers", strings.NewReader(`{"amount":1}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(idem.HeaderKey, idem.FormatKey(key))
+		req.Header.Set("Authorization", "Bearer tenant-SECRET") // the proxy's default scope header
 		resp, err := httpClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -240,7 +241,7 @@ func TestProxyEncryptionKeys(t *testing.T) {
 		t.Errorf("the start-up line does not describe the encryption; log:\n%s", px.log.tail(5))
 	}
 	stopGracefully(t, px)
-	if raw := sqliteFiles(t, records); len(raw) == 0 || bytes.Contains(raw, []byte(marker)) {
+	if raw := sqliteFiles(t, records); len(raw) == 0 || bytes.Contains(raw, []byte(marker)) || bytes.Contains(raw, []byte("tenant-SECRET")) {
 		t.Fatalf("the records file (%d bytes) holds the upstream's response in clear", len(raw))
 	}
 	plain := startCommand(t, "proxy-no-keys", "proxy", "--upstream", upstream.URL, "--store", records)
