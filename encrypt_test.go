@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/memstore"
@@ -493,5 +494,94 @@ func TestLoadKeyring(t *testing.T) {
 	}
 	if _, err := idem.LoadKeyring(bad); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "line 1") {
 		t.Errorf("malformed file: %v, want the file and the line", err)
+	}
+}
+
+// watchRecorder is a memstore that records the (scope, key) of every claim
+// and every Watch registration, and signals each registration.
+type watchRecorder struct {
+	*memstore.Store
+	mu      sync.Mutex
+	claims  map[string]bool
+	watches []string
+	watched chan struct{}
+}
+
+func (s *watchRecorder) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	s.mu.Lock()
+	s.claims[p.Scope+"\x00"+p.Key] = true
+	s.mu.Unlock()
+	return s.Store.Claim(ctx, p)
+}
+
+func (s *watchRecorder) Watch(ctx context.Context, scope, key string) (<-chan struct{}, error) {
+	s.mu.Lock()
+	s.watches = append(s.watches, scope+"\x00"+key)
+	s.mu.Unlock()
+	select {
+	case s.watched <- struct{}{}:
+	default:
+	}
+	return s.Store.Watch(ctx, scope, key)
+}
+
+// With key hashing, wait mode watches the record under the same hashed
+// names the claim used, and the waiting duplicate receives the replay.
+func TestEncryptionWaitModeWatchesStoredNames(t *testing.T) {
+	t.Parallel()
+	ms, _ := memstore.New(nil)
+	store := &watchRecorder{Store: ms, claims: map[string]bool{}, watched: make(chan struct{}, 1)}
+	enc := newEncryption(t, &idem.EncryptionConfig{HashKey: testKey("hash")}, "1")
+	exec, err := idem.NewExecutor(store, &idem.Config{Encryption: enc, Wait: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := idem.DoParams{Scope: idem.Scope("t", "op"), Key: "clear-key", Fingerprint: idem.FingerprintVersion + ":x"}
+	running, release := make(chan struct{}), make(chan struct{})
+	first := make(chan *idem.Result, 1)
+	go func() {
+		res, err := exec.Do(t.Context(), p, func(context.Context) (*idem.Response, error) {
+			close(running)
+			<-release
+			return sampleResponse(), nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		first <- res
+	}()
+	<-running
+	second := make(chan *idem.Result, 1)
+	go func() {
+		res, err := exec.Do(t.Context(), p, func(context.Context) (*idem.Response, error) {
+			t.Error("the duplicate executed")
+			return nil, nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		second <- res
+	}()
+	<-store.watched // the duplicate waits on the store's Watcher
+	close(release)
+	<-first
+	res := <-second
+	if res == nil || !res.Replayed || res.Response.StatusCode != 201 || !bytes.Equal(res.Response.Body, sampleResponse().Body) {
+		t.Fatalf("the waiting duplicate got %+v", res)
+	}
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	for _, w := range store.watches {
+		if !store.claims[w] {
+			t.Errorf("Watch(%q) names no claimed record", w)
+		}
+		if strings.Contains(w, "clear-key") {
+			t.Errorf("Watch was given the clear key: %q", w)
+		}
+	}
+	for c := range store.claims {
+		if strings.Contains(c, "clear-key") {
+			t.Errorf("Claim was given the clear key: %q", c)
+		}
 	}
 }
