@@ -68,7 +68,10 @@ type EncryptionConfig struct {
 	// AcceptPlaintext replays records that are not encrypted: those written
 	// before encryption was turned on, within their TTL. Without it such a
 	// record is answered with 503 idempotency.record_unreadable, since with
-	// encryption on no unencrypted record should exist. Defaults to false.
+	// encryption on no unencrypted record should exist. While it is set,
+	// someone who can write to the store can also plant a plain record that
+	// will be replayed, so turn it off once a TTL has passed since
+	// encryption was turned on. Defaults to false.
 	AcceptPlaintext bool
 }
 
