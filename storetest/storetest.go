@@ -15,6 +15,11 @@
 // implements (idem.TxStore, idem.Watcher), and that every sentinel error is
 // returned where the contract names it, with errors.Is.
 //
+// With Harness.Encryption set, the suite runs as the core runs with
+// idem.Config.Encryption (sealed responses, hashed names). RunAtRest checks
+// encryption at rest through the middleware, reading the store's contents
+// with the database's own client (see Raw).
+//
 // It uses only the standard library's testing package.
 package storetest
 
