@@ -220,6 +220,14 @@ type Config struct {
 	// false: fail closed.
 	FailOpen bool
 
+	// Encryption, when set, encrypts every stored response and binds it to
+	// its record (and, with EncryptionConfig.HashKey, hashes the scope and
+	// key the stores see). A completed record that cannot be decrypted is
+	// answered with ErrRecordUnreadable (503), never replayed and never
+	// executed again. See NewEncryption. Defaults to nil: responses are
+	// stored as they are, and an encrypted record is unreadable.
+	Encryption *Encryption
+
 	// ErrorFunc writes every error response idem produces. The idempotency
 	// headers are already set on w. Middleware only. Defaults to
 	// WriteProblem.

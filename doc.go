@@ -82,6 +82,16 @@
 // transactional), redisstore (Redis or Valkey). Every store passes the
 // conformance suite in storetest.
 //
+// # Encryption at rest
+//
+// Config.Encryption (see NewEncryption) seals every stored response with
+// AES-256-GCM under a data key of its own, wrapped by a KeyProvider (the
+// static Keyring, or a KMS) and bound to its record; optionally stores see
+// only an HMAC of scope and key. It works in the core, on what Complete
+// receives and Claim returns, so every store gets it. A record that cannot
+// be decrypted answers ErrRecordUnreadable (503), never a replay and never a
+// second execution.
+//
 // # For store authors
 //
 // A store implements Store: five methods (Claim, Renew, Complete, Release,

@@ -138,7 +138,9 @@ type Operation func(ctx context.Context) (*Response, error)
 // is. If op panics, the key is released and the panic continues, with op's
 // own stack. A lost lease yields ErrLeaseLost and discards op's result;
 // store failures (including a store call that outlives Config.StoreTimeout)
-// yield errors wrapping ErrStoreUnavailable.
+// yield errors wrapping ErrStoreUnavailable. With Config.Encryption, a
+// completed record whose response cannot be decrypted yields
+// ErrRecordUnreadable, and op does not run.
 func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, error) {
 	return e.do(ctx, p, op, e.cfg.NowFunc())
 }
@@ -147,9 +149,12 @@ func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, e
 // from.
 func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time) (*Result, error) {
 	res := &Result{}
+	// With EncryptionConfig.HashKey the stores see digests, never the
+	// client's values; p keeps them for the operation and the logs.
+	storedScope, storedKey := e.cfg.Encryption.StoredKey(p.Scope, p.Key)
 	cp := ClaimParams{
-		Scope:       p.Scope,
-		Key:         p.Key,
+		Scope:       storedScope,
+		Key:         storedKey,
 		Fingerprint: p.Fingerprint,
 		Token:       e.newToken(),
 		Lease:       e.cfg.Lease,
@@ -199,7 +204,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 				w = e.newWaiter()
 			}
 			res.Waited = true
-			if err := w.wait(ctx, p.Scope, p.Key); err != nil {
+			if err := w.wait(ctx, cp.Scope, cp.Key); err != nil {
 				if errors.Is(err, ErrInFlight) {
 					e.emit(ctx, Event{Kind: EventInFlight, Operation: p.Operation, Status: 409, Code: CodeRequestInProgress, Waited: true}, start)
 				}
@@ -216,6 +221,10 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 func (e *Executor) replay(ctx context.Context, p DoParams, resp *Response, res *Result, start time.Time) error {
 	if resp == nil {
 		return e.storeFailure(ctx, p, start, "claim", errors.New("completed record without a response"))
+	}
+	resp, err := e.cfg.Encryption.Open(ctx, p.Scope, p.Key, resp)
+	if err != nil {
+		return e.unreadable(ctx, p, start, err)
 	}
 	if resp.Unreplayable {
 		res.Response = &Response{StatusCode: resp.StatusCode}
@@ -351,7 +360,7 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 
 	cp := CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
 	if tx != nil {
-		err := e.completeTx(ctx, tx, cp)
+		err := e.completeTx(ctx, tx, cp, x.p)
 		if errors.Is(err, ErrLeaseLost) {
 			e.rollback(ctx, tx)
 			return e.leaseLost(ctx, x, err)
@@ -363,7 +372,7 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		}
 	} else {
 		sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-		err := completeWith(sctx, e.store.Complete, cp)
+		err := e.completeWith(sctx, e.store.Complete, cp, x.p)
 		cancel()
 		if errors.Is(err, ErrLeaseLost) {
 			return e.leaseLost(ctx, x, err)
@@ -384,9 +393,9 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 
 // completeTx completes the record inside the operation's transaction and
 // commits both, each call within StoreTimeout.
-func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams) error {
+func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams, dp DoParams) error {
 	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-	err := completeWith(sctx, tx.Complete, p)
+	err := e.completeWith(sctx, tx.Complete, p, dp)
 	cancel()
 	if err != nil {
 		return err
@@ -428,10 +437,20 @@ func (e *Executor) rollback(ctx context.Context, tx StoreTx) {
 // completeWith completes a record and, if the store cannot hold the
 // response, completes it as unreplayable instead: too big to store must
 // never mean "run it again".
-func completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams) error {
-	err := complete(ctx, p)
-	if errors.Is(err, ErrResponseTooLarge) && !p.Response.Unreplayable {
-		p.Response = &Response{StatusCode: p.Response.StatusCode, Unreplayable: true}
+//
+// With Config.Encryption the store receives the sealed response, bound to
+// the record's (scope, key) as the client named them (dp).
+func (e *Executor) completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams, dp DoParams) error {
+	resp := p.Response
+	var err error
+	if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, resp); err != nil {
+		return err
+	}
+	err = complete(ctx, p)
+	if errors.Is(err, ErrResponseTooLarge) && !resp.Unreplayable {
+		if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, &Response{StatusCode: resp.StatusCode, Unreplayable: true}); err != nil {
+			return err
+		}
 		err = complete(ctx, p)
 	}
 	return err

@@ -210,6 +210,11 @@ func (m *Middleware) problemFor(err error, res *Result) *Problem {
 			Title:      "The request lost its claim on the Idempotency-Key",
 			Detail:     "Another attempt took over this key while the request ran; its result was discarded. Retry with the same key to receive the outcome.",
 			RetryAfter: retryAfter}
+	case errors.Is(err, ErrRecordUnreadable):
+		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable,
+			Title:      "The stored response for this Idempotency-Key cannot be read",
+			Detail:     "The request was already executed, but its stored response cannot be decrypted here. It will not be executed again with this key; retry later.",
+			RetryAfter: retryAfter}
 	case errors.Is(err, ErrStoreUnavailable):
 		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
 			Title:      "The idempotency store is unavailable",

@@ -23,6 +23,7 @@ const (
 	CodeResponseUnavailable = "idempotency.response_unavailable" // 409, no Retry-After
 	CodeStoreUnavailable    = "idempotency.store_unavailable"    // 503 + Retry-After
 	CodeLeaseLost           = "idempotency.lease_lost"           // 503 + Retry-After
+	CodeRecordUnreadable    = "idempotency.record_unreadable"    // 503 + Retry-After
 )
 
 // problemTypeBase prefixes the code to form a problem's "type" URI. Each

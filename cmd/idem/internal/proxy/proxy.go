@@ -112,6 +112,10 @@ type Config struct {
 	// StoreTimeout bounds each store call of every route
 	// (idem.Config.StoreTimeout). Defaults to the core's default.
 	StoreTimeout time.Duration
+
+	// Encryption, if set, encrypts every stored response (see
+	// idem.Config.Encryption). Defaults to none.
+	Encryption *idem.Encryption
 }
 
 // Proxy is an http.Handler that forwards requests to the upstream through
@@ -252,6 +256,7 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		MaxRequestBody:  s.MaxRequestBody,
 		MaxResponseBody: int(s.MaxResponseBody),
 		StoreTimeout:    cfg.StoreTimeout,
+		Encryption:      cfg.Encryption,
 		// A cookie set for the first client is never handed to whoever
 		// retries; Set-Cookie2 is its obsolete twin (RFC 2965).
 		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
