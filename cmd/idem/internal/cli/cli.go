@@ -27,6 +27,9 @@ func commands() []command {
 		{"proxy", "run a reverse proxy that makes any HTTP API retry-safe", runProxy},
 		{"check", "grade an HTTP endpoint against the Idempotency-Key contract", runCheck},
 		{"cleanup", "delete expired idempotency records in batches", runCleanup},
+		{"inspect", "show the idempotency record of a key", runInspect},
+		{"ls", "list idempotency records", runLs},
+		{"delete", "delete the idempotency record of a key", runDelete},
 		{"version", "print the version", runVersion},
 	}
 }
@@ -133,8 +136,11 @@ func newFlags(name, about string, stderr io.Writer) *flags {
 }
 
 func argsHint(name string) string {
-	if name == "check" {
+	switch name {
+	case "check":
 		return " URL"
+	case "inspect", "delete":
+		return " KEY"
 	}
 	return ""
 }
