@@ -281,7 +281,9 @@ func quoteField(s string) string {
 
 func printRecord(w io.Writer, r idem.RecordInfo, showBody bool) {
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
-	line := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...) }
+	line := func(k, format string, args ...any) {
+		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...)
+	}
 	line("scope", "%s", quoteField(r.Scope))
 	line("key", "%s", quoteField(r.Key))
 	if r.ID != "" {
