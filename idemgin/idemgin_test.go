@@ -76,11 +76,10 @@ type reply struct {
 	body   string
 }
 
-func post(t *testing.T, url, key, body string) reply {
-	t.Helper()
+func post(t *testing.T, url, key, body string) (reply, error) {
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return reply{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
@@ -88,20 +87,26 @@ func post(t *testing.T, url, key, body string) reply {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return reply{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, string(b)}, err
+}
+
+func mustPost(t *testing.T, url, key, body string) reply {
+	t.Helper()
+	r, err := post(t, url, key, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reply{resp.StatusCode, resp.Header, string(b)}
+	return r
 }
 
 func TestExecuteReplayAndMismatch(t *testing.T) {
 	t.Parallel()
 	s := newServer(t, false)
-	first := post(t, s.url+"/orders/7", `"k-1"`, `{"item":"book","qty":1}`)
+	first := mustPost(t, s.url+"/orders/7", `"k-1"`, `{"item":"book","qty":1}`)
 	if first.status != http.StatusCreated || first.header.Get(idem.HeaderReplayed) != "false" || first.header.Get("X-Run") != "run" {
 		t.Fatalf("first: %d %v %s", first.status, first.header, first.body)
 	}
@@ -113,7 +118,7 @@ func TestExecuteReplayAndMismatch(t *testing.T) {
 		t.Errorf("scope %q does not end with the route template", got)
 	}
 	// The same request, members reordered: a replay, byte for byte.
-	again := post(t, s.url+"/orders/7", `"k-1"`, `{"qty":1,"item":"book"}`)
+	again := mustPost(t, s.url+"/orders/7", `"k-1"`, `{"qty":1,"item":"book"}`)
 	if again.status != first.status || again.body != first.body || again.header.Get(idem.HeaderReplayed) != "true" ||
 		again.header.Get("X-Run") != "run" {
 		t.Errorf("replay: %d %v %s, want %d %s", again.status, again.header, again.body, first.status, first.body)
@@ -123,13 +128,13 @@ func TestExecuteReplayAndMismatch(t *testing.T) {
 	}
 	// Another payload with the key: 422; another order of the route: 422.
 	for _, c := range []struct{ path, body string }{{"/orders/7", `{"item":"pen"}`}, {"/orders/8", `{"item":"book","qty":1}`}} {
-		r := post(t, s.url+c.path, `"k-1"`, c.body)
+		r := mustPost(t, s.url+c.path, `"k-1"`, c.body)
 		if r.status != http.StatusUnprocessableEntity || r.header.Get("Content-Type") != "application/problem+json" ||
 			!strings.Contains(r.body, idem.CodeKeyReused) {
 			t.Errorf("reused key on %s: %d %s", c.path, r.status, r.body)
 		}
 	}
-	if r := post(t, s.url+"/orders/7", "", `{}`); r.status != http.StatusBadRequest || !strings.Contains(r.body, idem.CodeKeyMissing) {
+	if r := mustPost(t, s.url+"/orders/7", "", `{}`); r.status != http.StatusBadRequest || !strings.Contains(r.body, idem.CodeKeyMissing) {
 		t.Errorf("missing key: %d %s", r.status, r.body)
 	}
 	if s.runs.Load() != 1 {
@@ -150,7 +155,7 @@ func TestStatusWithoutBodyIsStored(t *testing.T) {
 	t.Parallel()
 	s := newServer(t, false)
 	for i := range 2 {
-		r := post(t, s.url+"/status-only", "k", `{}`)
+		r := mustPost(t, s.url+"/status-only", "k", `{}`)
 		if r.status != http.StatusAccepted || r.header.Get(idem.HeaderReplayed) != []string{"false", "true"}[i] {
 			t.Errorf("attempt %d: %d %v", i, r.status, r.header)
 		}
@@ -165,9 +170,10 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	s := newServer(t, true)
 	const n = 16
 	replies := make([]reply, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); replies[0] = post(t, s.url+"/orders/1", "dup", `{"item":"book"}`) }()
+	go func() { defer wg.Done(); replies[0], errs[0] = post(t, s.url+"/orders/1", "dup", `{"item":"book"}`) }()
 	select {
 	case <-s.entered:
 	case <-time.After(30 * time.Second):
@@ -178,11 +184,16 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	var dups sync.WaitGroup
 	for i := 1; i < n; i++ {
 		dups.Add(1)
-		go func() { defer dups.Done(); replies[i] = post(t, s.url+"/orders/1", "dup", `{"item":"book"}`) }()
+		go func() { defer dups.Done(); replies[i], errs[i] = post(t, s.url+"/orders/1", "dup", `{"item":"book"}`) }()
 	}
 	dups.Wait()
 	close(s.release)
 	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i := 1; i < n; i++ {
 		if r := replies[i]; r.status != http.StatusConflict || r.header.Get("Retry-After") == "" || !strings.Contains(r.body, idem.CodeRequestInProgress) {
 			t.Errorf("duplicate %d: %d %v %s", i, r.status, r.header, r.body)
