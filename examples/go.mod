@@ -7,8 +7,11 @@ require (
 	github.com/idemhq/idem v0.2.0
 	github.com/idemhq/idem/idemecho v0.2.0
 	github.com/idemhq/idem/idemgin v0.2.0
+	github.com/idemhq/idem/idemgrpc v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0
 	github.com/labstack/echo/v4 v4.16.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -49,7 +52,7 @@ require (
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
