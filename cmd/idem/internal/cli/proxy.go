@@ -104,7 +104,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer store.Close()
 
 	m := metrics.New()
-	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger}
+	tel, err := startTelemetry(ctx, "idem-proxy", string(store.Kind), logger)
+	if err != nil {
+		logger.Error("cannot set up OpenTelemetry export", "error", err)
+		return exitError
+	}
+	defer tel.close(logger)
+	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger,
+		Observer: tel.observer(nil)}
 	if file != nil {
 		cfg.Routes = file.ProxyRoutes()
 	}
@@ -173,7 +180,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, handler), logger, px.MaxHandlerTime())
+	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime())
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {

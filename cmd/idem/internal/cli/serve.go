@@ -101,6 +101,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		mwStore = withoutTx(mwStore)
 	}
 	m := metrics.New()
+	tel, err := startTelemetry(ctx, "idem-serve", string(records.Kind), logger)
+	if err != nil {
+		logger.Error("cannot set up OpenTelemetry export", "error", err)
+		return exitError
+	}
+	defer tel.close(logger)
 	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
 		Lease:           *lease,
 		TTL:             *ttl,
@@ -108,7 +114,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		ScopeFunc:       payments.Tenant,
 		FingerprintFunc: payments.Fingerprint,
 		MaxRequestBody:  payments.MaxBody,
-		Observer:        m,
+		Observer:        tel.observer(m),
 		Logger:          logger,
 	})
 	if err != nil {
@@ -140,7 +146,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer stopCleanup()
 	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, tel.handler(mux, "idem serve")), logger, *opDelay); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}

@@ -98,6 +98,10 @@ type Config struct {
 	// Defaults to none.
 	Metrics *metrics.Metrics
 
+	// Observer, if set, is told about every outcome too (idem serve and
+	// idem proxy pass the OpenTelemetry observer here). Defaults to none.
+	Observer idem.Observer
+
 	// Logger receives the upstream failures and the core's warnings.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
@@ -213,8 +217,16 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		return nil, err
 	}
 	var observer idem.Observer
-	if cfg.Metrics != nil {
+	switch {
+	case cfg.Metrics != nil && cfg.Observer != nil:
+		observer = idem.ObserverFunc(func(ctx context.Context, e idem.Event) {
+			cfg.Metrics.Observe(ctx, e)
+			cfg.Observer.Observe(ctx, e)
+		})
+	case cfg.Metrics != nil:
 		observer = cfg.Metrics
+	case cfg.Observer != nil:
+		observer = cfg.Observer
 	}
 	mw, err := idem.NewMiddleware(cfg.Store, &idem.Config{
 		Lease:           s.Lease,
