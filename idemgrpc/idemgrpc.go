@@ -67,12 +67,12 @@ type ServerOptions struct {
 	// every method requiring a key.
 	RequireFunc func(fullMethod string) bool
 
-	// ScopeFunc returns the tenant or principal a call belongs to (from
+	// TenantFunc returns the tenant or principal a call belongs to (from
 	// its authentication, typically); records are scoped by tenant and
 	// method, so that tenants never see each other's records. An error is
 	// returned to the client as it is if it is a gRPC status error, and
 	// otherwise as InvalidArgument. Defaults to one scope for everyone.
-	ScopeFunc func(ctx context.Context) (string, error)
+	TenantFunc func(ctx context.Context) (string, error)
 
 	// OutcomeFunc decides, from the code a call ended with, whether its
 	// outcome is stored (and replayed to retries) or released (so that a
@@ -145,8 +145,8 @@ func UnaryServerInterceptor(exec *idem.Executor, opts *ServerOptions) grpc.Unary
 			return nil, idemError(codes.InvalidArgument, idem.CodeKeyInvalid, err.Error(), 0)
 		}
 		tenant := ""
-		if o.ScopeFunc != nil {
-			if tenant, err = o.ScopeFunc(ctx); err != nil {
+		if o.TenantFunc != nil {
+			if tenant, err = o.TenantFunc(ctx); err != nil {
 				if _, ok := status.FromError(err); ok {
 					return nil, err
 				}

@@ -50,7 +50,7 @@ func main() {
 
 func newHandler(store *sqlitestore.Store) (http.Handler, error) {
 	mw, err := idem.NewMiddleware(store, &idem.Config{
-		ScopeFunc: func(r *http.Request) (string, error) { return orders.Tenant(r.Header.Get("Authorization")), nil },
+		TenantFunc: func(r *http.Request) (string, error) { return orders.Tenant(r.Header.Get("Authorization")), nil },
 	})
 	if err != nil {
 		return nil, err

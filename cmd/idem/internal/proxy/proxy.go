@@ -219,10 +219,7 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 	var observer idem.Observer
 	switch {
 	case cfg.Metrics != nil && cfg.Observer != nil:
-		observer = idem.ObserverFunc(func(ctx context.Context, e idem.Event) {
-			cfg.Metrics.Observe(ctx, e)
-			cfg.Observer.Observe(ctx, e)
-		})
+		observer = bothObservers{cfg.Metrics, cfg.Observer}
 	case cfg.Metrics != nil:
 		observer = cfg.Metrics
 	case cfg.Observer != nil:
@@ -481,3 +478,11 @@ var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 
 func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
 func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
+
+// bothObservers tells two observers about each event.
+type bothObservers [2]idem.Observer
+
+func (b bothObservers) Observe(ctx context.Context, e idem.Event) {
+	b[0].Observe(ctx, e)
+	b[1].Observe(ctx, e)
+}
