@@ -19,16 +19,24 @@
 //	idem.rejections     requests refused before any claim (400, 413)
 //	idem.outcomes       every outcome, by idem.outcome
 //	idem.duration       seconds from a request reaching idem to its outcome
+//	idem.store.duration seconds per store call, by idem.phase (claim,
+//	                    complete, release)
 //
-// On the request's span: idem.outcome, idem.replayed and idem.operation,
-// an "idem.<outcome>" event per outcome, and the error status for store
-// failures and lost leases. Keys never appear: not in attributes, events
-// or metric labels.
+// Spans: each phase of a request (idem.PhaseObserver) is a span, a child
+// of the request's span: "idem.claim", "idem.execute" (the handler's own
+// spans nest in it), "idem.complete" or "idem.release", and "idem.replay",
+// with idem.operation, idem.key_hash (idem.RedactKey: a hash, never the
+// key) and idem.store, and the error status when the phase failed. On the
+// request's span: idem.outcome, idem.replayed, idem.operation and
+// idem.key_hash, an "idem.<outcome>" event per outcome, and the error
+// status for store failures and lost leases. Keys never appear: not in
+// attributes, events or metric labels.
 package idemotel
 
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/idemhq/idem"
 	"go.opentelemetry.io/otel"
@@ -50,6 +58,8 @@ const (
 	AttrTookOver  = attribute.Key("idem.took_over")
 	AttrWaited    = attribute.Key("idem.waited")
 	AttrCode      = attribute.Key("idem.code")
+	AttrKeyHash   = attribute.Key("idem.key_hash")
+	AttrPhase     = attribute.Key("idem.phase")
 )
 
 // Config configures an Observer. A nil *Config means all defaults.
@@ -75,7 +85,7 @@ type Observer struct {
 	hasSt  bool
 
 	executions, replays, conflicts, mismatches, storeErrors, releases, rejections, outcomes metric.Int64Counter
-	duration                                                                                metric.Float64Histogram
+	duration, storeDuration                                                                 metric.Float64Histogram
 }
 
 var _ idem.Observer = (*Observer)(nil)
@@ -115,6 +125,10 @@ func New(cfg *Config) (*Observer, error) {
 	o.duration, err = meter.Float64Histogram("idem.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time from a request reaching idem to its outcome."),
 		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+	errs = append(errs, err)
+	o.storeDuration, err = meter.Float64Histogram("idem.store.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time of one store call, by idem.phase."),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -181,5 +195,41 @@ func (o *Observer) Observe(ctx context.Context, e idem.Event) {
 			span.RecordError(e.Err)
 		}
 		span.SetStatus(codes.Error, "idem: "+outcome)
+	}
+}
+
+// StartPhase implements idem.PhaseObserver: the phase becomes a span, and a
+// store call's duration is recorded in idem.store.duration.
+func (o *Observer) StartPhase(ctx context.Context, ph idem.Phase, info idem.PhaseInfo) (context.Context, func(error)) {
+	attrs := make([]attribute.KeyValue, 0, 3)
+	attrs = append(attrs, AttrOperation.String(info.Operation), AttrKeyHash.String(info.KeyHash))
+	if o.hasSt {
+		attrs = append(attrs, o.store)
+	}
+	if ph == idem.PhaseClaim {
+		// The request's span learns the key's hash as soon as it is known.
+		if s := trace.SpanFromContext(ctx); s.IsRecording() {
+			s.SetAttributes(AttrKeyHash.String(info.KeyHash))
+		}
+	}
+	kind := trace.SpanKindInternal
+	if ph != idem.PhaseExecute && ph != idem.PhaseReplay {
+		kind = trace.SpanKindClient // a call to the store
+	}
+	ctx, span := o.tracer.Start(ctx, "idem."+ph.String(), trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+	started := time.Now()
+	return ctx, func(err error) {
+		if kind == trace.SpanKindClient {
+			set := []attribute.KeyValue{AttrPhase.String(ph.String()), AttrOperation.String(info.Operation)}
+			if o.hasSt {
+				set = append(set, o.store)
+			}
+			o.storeDuration.Record(context.WithoutCancel(ctx), time.Since(started).Seconds(), metric.WithAttributes(set...))
+		}
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
 	}
 }

@@ -154,6 +154,7 @@ func TestMetricsAndServerSpans(t *testing.T) {
 	}
 	sums := map[string]int64{}
 	var durations uint64
+	storeCalls := map[string]uint64{}
 	for _, sm := range rm.ScopeMetrics {
 		if sm.Scope.Name != idemotel.ScopeName {
 			t.Errorf("instrumentation scope %q", sm.Scope.Name)
@@ -167,8 +168,13 @@ func TestMetricsAndServerSpans(t *testing.T) {
 				}
 			case metricdata.Histogram[float64]:
 				for _, dp := range d.DataPoints {
-					durations += dp.Count
 					checkAttrs(t, m.Name, dp.Attributes)
+					if m.Name == "idem.duration" {
+						durations += dp.Count
+						continue
+					}
+					ph, _ := dp.Attributes.Value(idemotel.AttrPhase)
+					storeCalls[ph.AsString()] += dp.Count
 				}
 			}
 		}
@@ -182,11 +188,26 @@ func TestMetricsAndServerSpans(t *testing.T) {
 	if durations != 7 {
 		t.Errorf("idem.duration has %d observations, want 7", durations)
 	}
+	// Claims: 6 requests with a key; completions: 2; no release.
+	if storeCalls["claim"] != 6 || storeCalls["complete"] != 2 || storeCalls["release"] != 0 {
+		t.Errorf("idem.store.duration observations by phase: %v", storeCalls)
+	}
 
-	// Each server span carries its outcome; none carries the key.
+	// Each server span carries its outcome and its phases as children;
+	// none carries the key, only its hash.
 	outcomes := map[string]int{}
+	children := map[trace.SpanID][]string{}
+	phaseErrors := map[string]int{}
 	for _, s := range b.spans.Ended() {
 		if s.SpanKind() != trace.SpanKindServer {
+			children[s.Parent().SpanID()] = append(children[s.Parent().SpanID()], s.Name())
+			if s.Status().Code == codes.Error {
+				phaseErrors[s.Name()]++
+			}
+			attrs := attribute.NewSet(s.Attributes()...)
+			if h, _ := attrs.Value(idemotel.AttrKeyHash); !strings.HasPrefix(h.AsString(), "sha256:") {
+				t.Errorf("phase span %s: idem.key_hash = %q", s.Name(), h.AsString())
+			}
 			continue
 		}
 		attrs := attribute.NewSet(s.Attributes()...)
@@ -196,6 +217,15 @@ func TestMetricsAndServerSpans(t *testing.T) {
 			if r, _ := attrs.Value(idemotel.AttrReplayed); !r.AsBool() {
 				t.Error("replayed span without idem.replayed=true")
 			}
+		}
+		wantPhases := map[string]string{"executed": "idem.claim idem.execute idem.complete", "replayed": "idem.claim idem.replay",
+			"mismatch": "idem.claim", "in_flight": "idem.claim", "store_error": "idem.claim", "rejected": ""}[v.AsString()]
+		if got := strings.Join(children[s.SpanContext().SpanID()], " "); got != wantPhases {
+			t.Errorf("%s request: phase spans %q, want %q", v.AsString(), got, wantPhases)
+		}
+		if h, _ := attrs.Value(idemotel.AttrKeyHash); v.AsString() == "executed" && h.AsString() != idem.RedactKey(secretKey) &&
+			h.AsString() != idem.RedactKey("slow") {
+			t.Errorf("server span idem.key_hash = %q", h.AsString())
 		}
 		if v.AsString() == "store_error" && s.Status().Code != codes.Error {
 			t.Errorf("store error span status %v", s.Status())
@@ -212,6 +242,9 @@ func TestMetricsAndServerSpans(t *testing.T) {
 				}
 			}
 		}
+	}
+	if phaseErrors["idem.claim"] != 1 || len(phaseErrors) != 1 {
+		t.Errorf("phase spans with an error status: %v, want one failed claim", phaseErrors)
 	}
 	for k, n := range map[string]int{"executed": 2, "replayed": 1, "mismatch": 1, "in_flight": 1, "rejected": 1, "store_error": 1} {
 		if outcomes[k] != n {
