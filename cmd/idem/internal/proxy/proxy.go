@@ -237,6 +237,9 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		TenantFunc:      scopeFunc(s.ScopeHeader),
 		MaxRequestBody:  s.MaxRequestBody,
 		MaxResponseBody: int(s.MaxResponseBody),
+
+		FingerprintExclude: s.FingerprintExclude,
+		FingerprintInclude: s.FingerprintInclude,
 	})
 	if err != nil {
 		return nil, err
