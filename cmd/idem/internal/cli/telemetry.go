@@ -120,11 +120,23 @@ func (t *telemetry) close(logger *slog.Logger) {
 	}
 }
 
-// observers tells every observer about each event.
+// observers tells every observer about each event, and hands phases to the
+// first that traces them (idem.PhaseObserver), so that combining observers
+// keeps the phase spans.
 type observers []idem.Observer
 
 func (os observers) Observe(ctx context.Context, e idem.Event) {
 	for _, o := range os {
 		o.Observe(ctx, e)
 	}
+}
+
+// StartPhase implements idem.PhaseObserver.
+func (os observers) StartPhase(ctx context.Context, ph idem.Phase, info idem.PhaseInfo) (context.Context, func(error)) {
+	for _, o := range os {
+		if po, ok := o.(idem.PhaseObserver); ok {
+			return po.StartPhase(ctx, ph, info)
+		}
+	}
+	return ctx, func(error) {}
 }

@@ -87,7 +87,8 @@ func TestServeExportsOTLP(t *testing.T) {
 	}
 
 	traces, metrics := col.body("/v1/traces"), col.body("/v1/metrics")
-	for _, want := range []string{"idem.outcome", "executed", "replayed", "idem-serve-test", "idem.operation"} {
+	for _, want := range []string{"idem.outcome", "executed", "replayed", "idem-serve-test", "idem.operation",
+		"idem.claim", "idem.complete", "idem.key_hash"} {
 		if !bytes.Contains(traces, []byte(want)) {
 			t.Errorf("the exported traces lack %q (%d bytes)", want, len(traces))
 		}
@@ -96,7 +97,7 @@ func TestServeExportsOTLP(t *testing.T) {
 	if !bytes.Contains(traces, []byte{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6}) {
 		t.Error("the server span does not continue the caller's trace")
 	}
-	for _, want := range []string{"idem.executions", "idem.replays", "idem.duration", "idem.store"} {
+	for _, want := range []string{"idem.executions", "idem.replays", "idem.duration", "idem.store.duration"} {
 		if !bytes.Contains(metrics, []byte(want)) {
 			t.Errorf("the exported metrics lack %q (%d bytes)", want, len(metrics))
 		}
@@ -133,5 +134,59 @@ func readListenURL(t *testing.T, r io.Reader) string {
 	case <-time.After(30 * time.Second):
 		t.Fatal("idem serve did not start")
 		return ""
+	}
+}
+
+// TestProxyExportsOTLP runs idem proxy with OTEL_EXPORTER_OTLP_ENDPOINT set:
+// its outcomes reach the collector as metrics and spans. (Not parallel: it
+// sets the environment.)
+func TestProxyExportsOTLP(t *testing.T) {
+	col, endpoint := newCollector(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"proxy", "--addr", "127.0.0.1:0", "--upstream", up.URL, "--store", "memory", "--log-format", "json"}, io.Discard, pw)
+		pw.Close()
+	}()
+	url := readListenURL(t, pr)
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, url+"/payments", strings.NewReader(`{"a":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "proxy-otel-key")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Fatalf("idem proxy exited %d", code)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("idem proxy did not stop")
+	}
+	traces, metrics := col.body("/v1/traces"), col.body("/v1/metrics")
+	for _, want := range []string{"idem.claim", "idem.complete", "idem.key_hash", "idem-proxy"} {
+		if !bytes.Contains(traces, []byte(want)) {
+			t.Errorf("the exported traces lack %q", want)
+		}
+	}
+	for _, want := range []string{"idem.executions", "idem.replays", "idem.store.duration"} {
+		if !bytes.Contains(metrics, []byte(want)) {
+			t.Errorf("the exported metrics lack %q", want)
+		}
+	}
+	if bytes.Contains(traces, []byte("proxy-otel-key")) || bytes.Contains(metrics, []byte("proxy-otel-key")) {
+		t.Error("the key was exported")
 	}
 }

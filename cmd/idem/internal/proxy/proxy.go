@@ -482,10 +482,21 @@ var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
 func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
-// bothObservers tells two observers about each event.
+// bothObservers tells two observers about each event, and hands phases to
+// the first that traces them (idem.PhaseObserver).
 type bothObservers [2]idem.Observer
 
 func (b bothObservers) Observe(ctx context.Context, e idem.Event) {
 	b[0].Observe(ctx, e)
 	b[1].Observe(ctx, e)
+}
+
+// StartPhase implements idem.PhaseObserver.
+func (b bothObservers) StartPhase(ctx context.Context, ph idem.Phase, info idem.PhaseInfo) (context.Context, func(error)) {
+	for _, o := range b {
+		if po, ok := o.(idem.PhaseObserver); ok {
+			return po.StartPhase(ctx, ph, info)
+		}
+	}
+	return ctx, func(error) {}
 }
