@@ -99,15 +99,17 @@ type serverFlags struct {
 	addr, logFormat *string
 	accessLog       *bool
 	wait, cleanup   *time.Duration
+	problemBaseURL  *string
 }
 
 func (f *flags) serverFlags() serverFlags {
 	return serverFlags{
-		addr:      f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)"),
-		wait:      f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once"),
-		logFormat: f.String("log-format", "text", "log format: text or json"),
-		accessLog: f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
-		cleanup:   f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
+		addr:           f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)"),
+		wait:           f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once"),
+		logFormat:      f.String("log-format", "text", "log format: text or json"),
+		accessLog:      f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
+		cleanup:        f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
+		problemBaseURL: f.String("problem-base-url", "", "base of the type URL (and Link rel=describedby) of idem's problem\nresponses; the code is appended (default: docs/semantics.md on GitHub)"),
 	}
 }
 

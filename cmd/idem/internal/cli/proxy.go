@@ -111,7 +111,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	defer tel.close(logger)
 	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger,
-		Observer: tel.observer(nil)}
+		Observer: tel.observer(nil), ProblemBaseURL: *sf.problemBaseURL}
 	if file != nil {
 		cfg.Routes = file.ProxyRoutes()
 	}

@@ -111,6 +111,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Lease:           *lease,
 		TTL:             *ttl,
 		Wait:            *sf.wait,
+		ProblemBaseURL:  *sf.problemBaseURL,
 		TenantFunc:      payments.Tenant,
 		FingerprintFunc: payments.Fingerprint,
 		MaxRequestBody:  payments.MaxBody,

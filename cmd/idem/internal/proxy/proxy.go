@@ -98,6 +98,11 @@ type Config struct {
 	// Defaults to none.
 	Metrics *metrics.Metrics
 
+	// ProblemBaseURL is idem.Config.ProblemBaseURL for every route: the
+	// base of the type URL of the proxy's own problems. Defaults to the
+	// core's.
+	ProblemBaseURL string
+
 	// Observer, if set, is told about every outcome too (idem serve and
 	// idem proxy pass the OpenTelemetry observer here). Defaults to none.
 	Observer idem.Observer
@@ -238,6 +243,7 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		MaxRequestBody:  s.MaxRequestBody,
 		MaxResponseBody: int(s.MaxResponseBody),
 
+		ProblemBaseURL:     cfg.ProblemBaseURL,
 		FingerprintExclude: s.FingerprintExclude,
 		FingerprintInclude: s.FingerprintInclude,
 	})
