@@ -35,7 +35,7 @@ attempt may still be running) unless --force is given. Without --scope, KEY
 must be held by exactly one scope.`
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("inspect", inspectAbout, stderr)
+	f := newFlags("inspect", inspectAbout, stdout, stderr)
 	store := storeFlag(f)
 	scope := f.String("scope", "", "the record's scope, as idem ls prints it (default: every scope\nholding KEY)")
 	showBody := f.Bool("show-body", false, "also print the stored response's header fields and body")
@@ -82,7 +82,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("ls", lsAbout, stderr)
+	f := newFlags("ls", lsAbout, stdout, stderr)
 	store := storeFlag(f)
 	state := f.String("state", "", "only records in this state: in-flight or completed")
 	limit := f.Int("limit", 100, "list at most this many records")
@@ -145,7 +145,7 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("delete", deleteAbout, stderr)
+	f := newFlags("delete", deleteAbout, stdout, stderr)
 	store := storeFlag(f)
 	scope := f.String("scope", "", "the record's scope, as idem ls prints it (default: the one\nscope holding KEY)")
 	force := f.Bool("force", false, "delete an in-flight record too")
@@ -217,7 +217,11 @@ func oneKey(f *flags) (string, int) {
 // openInspector opens the store named by spec, which must outlive this
 // process and implement idem.Inspector.
 func openInspector(ctx context.Context, spec string) (idem.Inspector, *backend.Store, error) {
-	switch backend.KindOf(spec) {
+	kind, err := backend.KindOf(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch kind {
 	case backend.Memory:
 		return nil, nil, errors.New(`"memory" lives inside one process; point --store at a SQLite file, postgres:// or redis://`)
 	case backend.SQLite:

@@ -159,12 +159,16 @@ func TestProxyExportsOTLP(t *testing.T) {
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, url+"/payments", strings.NewReader(`{"a":1}`))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer client-a") // the proxy's default scope header
 		req.Header.Set("Idempotency-Key", "proxy-otel-key")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("POST through the proxy: %d", resp.StatusCode)
+		}
 	}
 	cancel()
 	select {
