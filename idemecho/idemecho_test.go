@@ -214,3 +214,38 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 		t.Errorf("first: %d; handler ran %d times", replies[0].status, s.runs.Load())
 	}
 }
+
+// A handler that streams (Flush) reaches the client as it writes; its
+// record completes without a body, so a retry gets 409
+// idempotency.response_unavailable and never a second execution.
+func TestStreamingHandlerIsNotReplayed(t *testing.T) {
+	t.Parallel()
+	store, err := memstore.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idem.NewMiddleware(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	e := echo.New()
+	e.POST("/export", func(c echo.Context) error {
+		runs.Add(1)
+		c.Response().WriteHeader(http.StatusOK)
+		c.Response().Write([]byte("part 1\n"))
+		c.Response().Flush()
+		_, err := c.Response().Write([]byte("part 2\n"))
+		return err
+	}, idemecho.Middleware(mw))
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	first := mustPost(t, srv.URL+"/export", "s", `{}`)
+	if first.status != http.StatusOK || first.body != "part 1\npart 2\n" {
+		t.Fatalf("first: %d %q", first.status, first.body)
+	}
+	again := mustPost(t, srv.URL+"/export", "s", `{}`)
+	if again.status != http.StatusConflict || !strings.Contains(again.body, idem.CodeResponseUnavailable) || runs.Load() != 1 {
+		t.Errorf("retry: %d %s; handler ran %d times", again.status, again.body, runs.Load())
+	}
+}

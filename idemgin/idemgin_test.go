@@ -203,3 +203,37 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 		t.Errorf("first: %d; handler ran %d times", replies[0].status, s.runs.Load())
 	}
 }
+
+// A handler that streams (Flush) reaches the client as it writes; its
+// record completes without a body, so a retry gets 409
+// idempotency.response_unavailable and never a second execution.
+func TestStreamingHandlerIsNotReplayed(t *testing.T) {
+	t.Parallel()
+	store, err := memstore.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idem.NewMiddleware(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	r := gin.New()
+	r.POST("/export", idemgin.Middleware(mw), func(c *gin.Context) {
+		runs.Add(1)
+		c.Status(http.StatusOK)
+		c.Writer.WriteString("part 1\n")
+		c.Writer.Flush()
+		c.Writer.WriteString("part 2\n")
+	})
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	first := mustPost(t, srv.URL+"/export", "s", `{}`)
+	if first.status != http.StatusOK || first.body != "part 1\npart 2\n" {
+		t.Fatalf("first: %d %q", first.status, first.body)
+	}
+	again := mustPost(t, srv.URL+"/export", "s", `{}`)
+	if again.status != http.StatusConflict || !strings.Contains(again.body, idem.CodeResponseUnavailable) || runs.Load() != 1 {
+		t.Errorf("retry: %d %s; handler ran %d times", again.status, again.body, runs.Load())
+	}
+}
