@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -161,6 +163,15 @@ type Config struct {
 	// Middleware only. Defaults to POST and PATCH.
 	RequiredMethods []string
 
+	// KeyHeader names the request field the key is read from (and echoed
+	// in on the response), for requests that carry their own identifier
+	// instead of an Idempotency-Key: inbound webhooks such as Standard
+	// Webhooks' "webhook-id" or GitHub's "X-GitHub-Delivery". The value is
+	// parsed as ParseKey parses an Idempotency-Key. Scope such routes by
+	// sender (TenantFunc), since senders choose their ids. Middleware only.
+	// Defaults to HeaderKey ("Idempotency-Key").
+	KeyHeader string
+
 	// ValidateKeyFunc narrows the keys accepted beyond ParseKey's rules
 	// (for example, to UUIDs). A non-nil error is answered with 400
 	// idempotency.key_invalid and the error's text as detail. Middleware
@@ -305,6 +316,13 @@ func (c *Config) resolve() (Config, error) {
 	if r.RequiredMethods == nil {
 		r.RequiredMethods = []string{http.MethodPost, http.MethodPatch}
 	}
+	if r.KeyHeader == "" {
+		r.KeyHeader = HeaderKey
+	}
+	if !validFieldName(r.KeyHeader) {
+		return r, fmt.Errorf("idem: KeyHeader %q is not a field name", r.KeyHeader)
+	}
+	r.KeyHeader = textproto.CanonicalMIMEHeaderKey(r.KeyHeader)
 	if r.MaxRequestBody == 0 {
 		r.MaxRequestBody = DefaultMaxRequestBody
 	}
@@ -360,4 +378,19 @@ type RequestInfo struct {
 	// Payload is what Config.FingerprintFunc returned for this request
 	// (the validated, normalised payload), or nil. Read-only.
 	Payload []byte
+}
+
+// validFieldName reports whether s is an HTTP field name (an RFC 9110
+// token).
+func validFieldName(s string) bool {
+	if s == "" || len(s) > 100 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }

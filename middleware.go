@@ -41,7 +41,7 @@ func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
 	for _, h := range hopByHop {
 		m.deny[h] = true
 	}
-	for _, h := range []string{"Date", HeaderKey, HeaderReplayed, HeaderExpiresAt} {
+	for _, h := range []string{"Date", HeaderKey, m.cfg.KeyHeader, HeaderReplayed, HeaderExpiresAt} {
 		m.deny[h] = true
 	}
 	for _, h := range m.cfg.ReplayDenyHeaders {
@@ -76,7 +76,7 @@ func (m *Middleware) protects(r *http.Request) bool {
 	case KeyRequired:
 		return true
 	case KeyOptional:
-		return len(r.Header[HeaderKey]) > 0
+		return len(r.Header[m.cfg.KeyHeader]) > 0
 	}
 	return false
 }
@@ -115,11 +115,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // Once the key is valid it is echoed on the response.
 func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request) (DoParams, *Problem) {
 	p := DoParams{Operation: m.operation(r)}
-	values := r.Header[HeaderKey]
+	kh := m.cfg.KeyHeader
+	values := r.Header[kh]
 	key, err := ParseKey(values)
 	if errors.Is(err, ErrKeyMissing) {
-		return p, newProblem(http.StatusBadRequest, CodeKeyMissing, "Idempotency-Key header is required",
-			"This operation requires an Idempotency-Key header; send a unique value (such as a UUID) and reuse it on every retry of the same request.")
+		return p, newProblem(http.StatusBadRequest, CodeKeyMissing, kh+" header is required",
+			"This operation requires an "+kh+" header; send a unique value (such as a UUID) and reuse it on every retry of the same request.")
 	}
 	if err == nil && m.cfg.ValidateKeyFunc != nil {
 		if verr := m.cfg.ValidateKeyFunc(key); verr != nil {
@@ -127,13 +128,13 @@ func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request) (DoParams, 
 		}
 	}
 	if err != nil {
-		return p, newProblem(http.StatusBadRequest, CodeKeyInvalid, "Idempotency-Key header is invalid", err.Error())
+		return p, newProblem(http.StatusBadRequest, CodeKeyInvalid, kh+" header is invalid", err.Error())
 	}
 	echo := values[0]
 	if len(echo) != len(key)+2 || echo[0] != '"' {
 		echo = FormatKey(key) // not in the canonical quoted form as received
 	}
-	w.Header()[HeaderKey] = []string{echo}
+	w.Header()[kh] = []string{echo}
 	p.Key = key
 
 	body, problem := m.readBody(r)

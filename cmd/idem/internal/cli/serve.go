@@ -31,6 +31,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
+	ef := f.eventsFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -79,6 +80,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// transaction commits synchronously after the claim and flushes it, so
 	// the claim need not wait for its own flush.
 	sameDB := *storeSpec == "" || *storeSpec == *db
+	if err := ef.check(sameDB); err != nil {
+		return f.usageError("%v", err)
+	}
 	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB})
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
@@ -94,6 +98,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer closeStore(records, logger)
 	}
 	var repo payments.Repo
+	var waitEvents func()
 	if dbStore.SQLite != nil {
 		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
 	} else {
@@ -139,7 +144,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return f.usageError("%v", err)
 	}
-	svc := &payments.Service{Repo: repo, OpDelay: *opDelay}
+	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
+	evctx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	if svc.OnCreateFunc, waitEvents, err = ef.start(evctx, dbStore, *db, logger); err != nil {
+		logger.Error("cannot set up the events", "error", err)
+		return exitError
+	}
+	// The dispatcher stops after the last request, before the database
+	// closes; a message it publishes but cannot mark is published again.
+	defer func() { stopEvents(); waitEvents() }()
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", mw.Handle(m.InFlight(http.HandlerFunc(svc.Create)))))
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
