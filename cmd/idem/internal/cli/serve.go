@@ -30,6 +30,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
+	encKeys := f.encryptionFlag()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
 	ef := f.eventsFlags()
 	if code, ok := f.parse(args); !ok {
@@ -64,6 +65,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
+	}
+	enc, encAttr, err := loadEncryption(*encKeys)
+	if err != nil {
+		fmt.Fprintf(stderr, "idem serve: --encryption-keys: %v\n", err)
+		return exitError
 	}
 	if k, err := backend.KindOf(*db); err != nil {
 		return f.usageError("--db: %v", err)
@@ -121,6 +127,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		mwStore = withoutTx(mwStore)
 	}
 	m := metrics.New()
+	tel, err := startTelemetry(ctx, "idem-serve", string(records.Kind), logger)
+	if err != nil {
+		logger.Error("cannot set up OpenTelemetry export", "error", err)
+		return exitError
+	}
+	defer tel.close(logger)
 	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
 		Lease:        *lease,
 		TTL:          *ttl,
@@ -128,11 +140,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		// Set-Cookie2 is Set-Cookie's obsolete twin: neither is replayed.
 		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
 		Wait:              *sf.wait,
+		ProblemBaseURL:    *sf.problemBaseURL,
 		TenantFunc:        payments.Tenant,
 		FingerprintFunc:   payments.Fingerprint,
 		MaxRequestBody:    payments.MaxBody,
-		Observer:          m,
+		Observer:          tel.observer(m),
 		Logger:            logger,
+		Encryption:        enc,
 	})
 	if err != nil {
 		return f.usageError("%v", err)
@@ -167,13 +181,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		where = fmt.Sprintf("payments and idempotency records in %s, committed in one transaction", dbStore.Where)
 	}
 	logger.Info("idem serve listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
-		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay)
+		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, encAttr)
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay, *sf.shutdown); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, tel.handler(mux, "idem serve")), logger, *opDelay, *sf.shutdown); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}
