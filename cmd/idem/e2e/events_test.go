@@ -401,6 +401,13 @@ func testBrokerOutage(t *testing.T, nf brokerFixture) {
 	if n, err := ledgerCount(cons); err != nil || n != 1 {
 		t.Errorf("ledger count %d (%v) while the broker is unreachable, want 1", n, err)
 	}
+	if n := srv.mustMetric(t, "idem_events_pending"); n != during {
+		t.Errorf("idem_events_pending = %v while the broker is unreachable, want %d", n, during)
+	}
+	eventually(t, 30*time.Second, 50*time.Millisecond, "a failed publish counted", func() (bool, error) {
+		n, err := srv.metric("idem_events_publish_failures_total")
+		return n > 0, err
+	})
 
 	proxy.restore()
 	eventually(t, 60*time.Second, 100*time.Millisecond, "events delivered after the broker returned", func() (bool, error) {
@@ -411,6 +418,12 @@ func testBrokerOutage(t *testing.T, nf brokerFixture) {
 	eventually(t, 30*time.Second, 50*time.Millisecond, "every event marked sent", func() (bool, error) {
 		return queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL") == 0, nil
 	})
+	if n := srv.mustMetric(t, "idem_events_pending"); n != 0 {
+		t.Errorf("idem_events_pending = %v after the broker returned, want 0", n)
+	}
+	if n := srv.mustMetric(t, "idem_events_published_total"); n < during+1 {
+		t.Errorf("idem_events_published_total = %v, want at least %d", n, during+1)
+	}
 }
 
 // subjectCounter counts every message published to a subject (a core NATS

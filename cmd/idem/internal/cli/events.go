@@ -13,6 +13,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // eventsFlags are idem serve's flags for the payment.created events.
@@ -58,6 +59,8 @@ type eventsRun struct {
 	wait func()
 	// notify wakes the dispatcher (after a payment committed).
 	notify func()
+	// collectors report the dispatcher on /metrics.
+	collectors []prometheus.Collector
 }
 
 // after wraps next so that the dispatcher is woken once a request is
@@ -124,5 +127,27 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string,
 		}
 		return nil
 	}
-	return eventsRun{hook: hook, wait: func() { <-done }, notify: d.Notify}, nil
+	return eventsRun{hook: hook, wait: func() { <-done }, notify: d.Notify, collectors: eventsCollectors(d, ob)}, nil
+}
+
+// eventsCollectors are the dispatcher's metrics: what it published, what
+// failed, and how many events wait in the outbox (the lag an operator
+// watches while the broker is down).
+func eventsCollectors(d *outbox.Dispatcher, ob addStore) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "idem_events_published_total",
+			Help: "Events the broker acknowledged."}, func() float64 { return float64(d.Stats().Published) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "idem_events_publish_failures_total",
+			Help: "Event publish attempts that failed (retried with back-off)."}, func() float64 { return float64(d.Stats().Failed) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "idem_events_pending",
+			Help: "Committed events not yet acknowledged by the broker (-1 if the database did not answer)."}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			n, err := ob.Pending(ctx)
+			if err != nil {
+				return -1
+			}
+			return float64(n)
+		}),
+	}
 }

@@ -162,6 +162,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// closes; a message it publishes but cannot mark is published again.
 	defer func() { stopEvents(); evs.wait() }()
 	svc.OnCreateFunc = evs.hook
+	if err := m.Register(evs.collectors...); err != nil {
+		logger.Error("cannot register the events metrics", "error", err)
+		return exitError
+	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", evs.after(mw.Handle(m.InFlight(http.HandlerFunc(svc.Create))))))
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
