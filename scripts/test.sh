@@ -6,8 +6,9 @@
 # each parser, one iteration of every benchmark, the vulnerability audit
 # (scripts/vulncheck.sh) and the end-to-end script against the real binary.
 #
-# Server-backed tests use PostgreSQL and Redis on this machine
-# (IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL); they skip when a server is
+# Server-backed tests use PostgreSQL, Redis, NATS (JetStream) and RabbitMQ
+# on this machine (IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL,
+# IDEM_TEST_NATS_URL, IDEM_TEST_AMQP_URL); they skip when a server is
 # unreachable, unless CI is set, in which case they fail.
 #
 # FUZZTIME (default 10s) sets each fuzz target's time; 0 skips fuzzing.
@@ -45,11 +46,15 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem FuzzResponseDecoding
 		github.com/idemhq/idem FuzzParseKeyring
 		github.com/idemhq/idem FuzzEnvelopeOpen
+		github.com/idemhq/idem FuzzParseJSONPointer
+		github.com/idemhq/idem FuzzFingerprintFields
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzParseFile
 		github.com/idemhq/idem/idemclient FuzzRetryAfter
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidate
 		github.com/idemhq/idem/cmd/idem/internal/backend FuzzKindOf
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzDroppedConnection
+		github.com/idemhq/idem/outbox FuzzHeaders
+		github.com/idemhq/idem/cmd/idem/internal/events FuzzValidateSubject
 	EOF
 fi
 

@@ -45,7 +45,8 @@ func startServer(t *testing.T, name string, args ...string) *server {
 	return startCommand(t, name, "serve", args...)
 }
 
-// startCommand is startServer for `idem serve` or `idem proxy`.
+// startCommand is startServer for any idem command that logs
+// "idem COMMAND listening" (serve, proxy, consume).
 func startCommand(t *testing.T, name, command string, args ...string) *server {
 	t.Helper()
 	began := time.Now()
@@ -204,7 +205,7 @@ func (l *serverLog) Write(p []byte) (int, error) {
 		}
 		l.scanned += i + 1
 		var line struct{ Msg, Addr string }
-		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem proxy listening") && line.Addr != "" {
+		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem proxy listening" || line.Msg == "idem consume listening") && line.Addr != "" {
 			l.found = true
 			l.listening <- line.Addr
 		}

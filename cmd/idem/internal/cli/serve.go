@@ -32,6 +32,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
 	encKeys := f.encryptionFlag()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
+	ef := f.eventsFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -85,6 +86,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// transaction commits synchronously after the claim and flushes it, so
 	// the claim need not wait for its own flush.
 	sameDB := *storeSpec == "" || *storeSpec == *db
+	if err := ef.check(sameDB); err != nil {
+		return f.usageError("%v", err)
+	}
 	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB})
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
@@ -100,6 +104,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer closeStore(records, logger)
 	}
 	var repo payments.Repo
+	var waitEvents func()
 	if dbStore.SQLite != nil {
 		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
 	} else {
@@ -122,6 +127,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		mwStore = withoutTx(mwStore)
 	}
 	m := metrics.New()
+	tel, err := startTelemetry(ctx, "idem-serve", string(records.Kind), logger)
+	if err != nil {
+		logger.Error("cannot set up OpenTelemetry export", "error", err)
+		return exitError
+	}
+	defer tel.close(logger)
 	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
 		Lease:        *lease,
 		TTL:          *ttl,
@@ -129,17 +140,27 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		// Set-Cookie2 is Set-Cookie's obsolete twin: neither is replayed.
 		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
 		Wait:              *sf.wait,
+		ProblemBaseURL:    *sf.problemBaseURL,
 		TenantFunc:        payments.Tenant,
 		FingerprintFunc:   payments.Fingerprint,
 		MaxRequestBody:    payments.MaxBody,
-		Observer:          m,
+		Observer:          tel.observer(m),
 		Logger:            logger,
 		Encryption:        enc,
 	})
 	if err != nil {
 		return f.usageError("%v", err)
 	}
-	svc := &payments.Service{Repo: repo, OpDelay: *opDelay}
+	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
+	evctx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	if svc.OnCreateFunc, waitEvents, err = ef.start(evctx, dbStore, *db, logger); err != nil {
+		logger.Error("cannot set up the events", "error", err)
+		return exitError
+	}
+	// The dispatcher stops after the last request, before the database
+	// closes; a message it publishes but cannot mark is published again.
+	defer func() { stopEvents(); waitEvents() }()
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", mw.Handle(m.InFlight(http.HandlerFunc(svc.Create)))))
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
@@ -165,7 +186,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer stopCleanup()
 	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay, *sf.shutdown); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, tel.handler(mux, "idem serve")), logger, *opDelay, *sf.shutdown); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}
