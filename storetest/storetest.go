@@ -162,29 +162,16 @@ func (b *bundle) seal(p idem.ClaimParams, resp *idem.Response) *idem.Response {
 
 // open returns the response r's record holds as the core would read it.
 func (b *bundle) open(p idem.ClaimParams, r idem.ClaimResult) idem.ClaimResult {
-	r.Record.Response = b.openResponse(p, r.Record.Response)
-	return r
-}
-
-// openResponse returns a stored response of p's record as the core would
-// read it.
-func (b *bundle) openResponse(p idem.ClaimParams, resp *idem.Response) *idem.Response {
-	if resp == nil || b.h.Encryption == nil {
-		return resp
+	if r.Record.Response == nil || b.h.Encryption == nil {
+		return r
 	}
-	opened, err := b.h.Encryption.Open(b.ctx, p.Scope, p.Key, resp)
+	resp, err := b.h.Encryption.Open(b.ctx, p.Scope, p.Key, r.Record.Response)
 	if err != nil {
 		b.t.Errorf("Open(%q): %v", p.Key, err)
-		return resp
+		return r
 	}
-	return opened
-}
-
-// storedSize is the encoded size of resp as the store holds it for p's
-// record (sealed, with Harness.Encryption: every seal of one response has
-// the same size).
-func (b *bundle) storedSize(p idem.ClaimParams, resp *idem.Response) int {
-	return b.seal(p, resp).EncodedSize()
+	r.Record.Response = resp
+	return r
 }
 
 func (b *bundle) token() string {
