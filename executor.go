@@ -118,6 +118,10 @@ type Result struct {
 	TookOver bool
 	// Waited reports that the call waited for an in-flight attempt.
 	Waited bool
+	// Suspended reports that the operation ended without a stored outcome
+	// after saving a recovery point (see Step): the record stays in flight
+	// and the next attempt with the key resumes after that point.
+	Suspended bool
 }
 
 // Operation is the work Executor.Do runs at most once. Its context carries
@@ -249,7 +253,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	x := &execution{}
 	ec := &x.ctx
 	ec.Context = cancelCtx
-	ec.info = RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload}
+	ec.info = RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload, Fence: cr.Record.Fence}
 	var opCtx context.Context = ec
 	var holder *txHolder
 	if e.txStore != nil {
@@ -258,6 +262,8 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 		holder = &txHolder{store: e.txStore, ctx: context.WithoutCancel(opCtx)}
 		ec.holder = holder
 	}
+	x.steps.init(e, cp, holder, cr.Record.Checkpoint)
+	ec.steps = &x.steps
 
 	rn := &x.rn
 	e.startRenewer(rn, p.Operation, cp, holder, cancel, start)
@@ -290,7 +296,9 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 			}
 		}
 		ids.Now = e.cfg.NowFunc()
-		if err := e.store.Release(storeCtx, ids); err != nil {
+		suspended, err := x.steps.end(storeCtx, ids)
+		res.Suspended = suspended
+		if err != nil {
 			if errors.Is(err, ErrLeaseLost) {
 				return res, e.leaseLost(ctx, p, start, cr.TookOver, err, panicked, panicVal)
 			}
@@ -314,7 +322,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 		if opErr != nil {
 			return res, opErr
 		}
-		res.Response, res.Released = resp, true
+		res.Response, res.Released = resp, !suspended
 		return res, nil
 	}
 
@@ -330,9 +338,10 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 			if errors.Is(err, ErrLeaseLost) {
 				return res, e.leaseLost(ctx, p, start, cr.TookOver, err, false, nil)
 			}
-			// Nothing was committed: free the key for a retry.
+			// Nothing was committed: free the key for a retry (or, after a
+			// recovery point, let the retry resume).
 			ids.Now = e.cfg.NowFunc()
-			_ = e.store.Release(storeCtx, ids)
+			_, _ = x.steps.end(storeCtx, ids)
 			return res, e.storeFailure(ctx, p, start, "complete", err)
 		}
 	} else {
@@ -416,8 +425,9 @@ type renewer struct {
 
 // execution holds what one execution needs for as long as it runs.
 type execution struct {
-	ctx execContext
-	rn  renewer
+	ctx   execContext
+	rn    renewer
+	steps stepRun
 }
 
 func (e *Executor) startRenewer(r *renewer, op string, cp ClaimParams, holder *txHolder, cancel context.CancelCauseFunc, start time.Time) {
@@ -720,6 +730,7 @@ type execContext struct {
 	context.Context
 	info   RequestInfo
 	holder *txHolder
+	steps  *stepRun
 }
 
 func (c *execContext) Value(key any) any {
@@ -731,6 +742,8 @@ func (c *execContext) Value(key any) any {
 			return c.holder
 		}
 		return nil
+	case stepsKey:
+		return c.steps
 	}
 	return c.Context.Value(key)
 }

@@ -194,6 +194,18 @@ type Record struct {
 	LeaseExpiresAt time.Time
 	// Response is the stored response of a completed record.
 	Response *Response
+	// Fence is the fencing token of the claim that acquired or took over
+	// the record (ClaimAcquired): a number greater than every fence any
+	// earlier claim of the same (scope, key) received, also across
+	// releases and expiry, so that a downstream system can refuse the
+	// writes of a stale owner (see FenceFromContext). Stores draw it from
+	// one counter per store that never goes back. Claims with other
+	// outcomes may leave it zero.
+	Fence int64
+	// Checkpoint is the record's last recovery point (see StepStore), as
+	// saved by SaveCheckpoint: nil for a new record, the saved bytes for a
+	// record taken over (ClaimAcquired with TookOver). Opaque to stores.
+	Checkpoint []byte
 }
 
 // Response is a stored HTTP response (or the result of a non-HTTP

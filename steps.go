@@ -1,0 +1,402 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Step errors.
+var (
+	// ErrOutcomeUnknown is what a step function wraps in its error when it
+	// cannot tell whether its external effect happened: a timeout, or the
+	// connection lost after the request was sent. Step records the step as
+	// unknown (visible to the next attempt and to reconcilers) and returns
+	// the error; the next attempt runs the step again, with the same
+	// derived key (DeriveKey), and the downstream system's own idempotency
+	// decides whether it happens a second time (it must not).
+	ErrOutcomeUnknown = errors.New("idem: the outcome of the step is unknown")
+
+	// ErrStepsUnsupported is returned by Step outside an idempotent
+	// execution, or when the execution's store is not a StepStore: without
+	// a recovery point there is nothing to resume from, and running the
+	// steps unrecorded would silently repeat them.
+	ErrStepsUnsupported = errors.New("idem: steps need an idempotent execution on a StepStore")
+)
+
+// StepStore is an optional Store capability: recovery points for
+// multi-step operations (see Step). A record in flight may hold a
+// checkpoint, opaque bytes the core writes; a claim that takes the record
+// over returns it in Record.Checkpoint, so the new owner resumes after the
+// last committed step. memstore, sqlitestore and pgstore implement it.
+type StepStore interface {
+	Store
+
+	// SaveCheckpoint replaces the checkpoint of the in-flight record owned
+	// by Token with Checkpoint. With EndLease it also ends the lease at
+	// Now: the record stays in flight with its checkpoint but owned by no
+	// live lease, so the next claim with the same fingerprint takes it
+	// over at once. It returns ErrLeaseLost, changing nothing, if Token
+	// does not own an in-flight record at (Scope, Key): a stale owner
+	// cannot commit a step.
+	SaveCheckpoint(ctx context.Context, p SaveCheckpointParams) error
+
+	// Stuck returns at most Limit unexpired in-flight records that hold a
+	// checkpoint and whose lease ended at or before Now: operations that
+	// stopped after a recovery point and that nobody is running. The order
+	// is the lease's end, oldest first. It changes nothing.
+	Stuck(ctx context.Context, p StuckParams) ([]StuckRecord, error)
+}
+
+// CheckpointTx is implemented by the StoreTx of a transactional StepStore:
+// SaveCheckpoint inside the transaction, so that a step's business writes
+// and its recovery point commit together (or neither).
+type CheckpointTx interface {
+	SaveCheckpoint(ctx context.Context, p SaveCheckpointParams) error
+}
+
+// SaveCheckpointParams are the arguments of StepStore.SaveCheckpoint.
+type SaveCheckpointParams struct {
+	Scope, Key, Token string
+	// Checkpoint is the new recovery point; never empty.
+	Checkpoint []byte
+	// EndLease ends the lease at Now (see StepStore.SaveCheckpoint).
+	EndLease bool
+	Now      time.Time
+}
+
+// StuckParams are the arguments of StepStore.Stuck.
+type StuckParams struct {
+	// Limit bounds the records returned; it must be positive.
+	Limit int
+	Now   time.Time
+}
+
+// StuckRecord is an in-flight record with a checkpoint and no live lease.
+type StuckRecord struct {
+	Scope, Key, Fingerprint string
+	Checkpoint              []byte
+	LeaseExpiresAt          time.Time
+}
+
+// StepState is one step of a checkpoint.
+type StepState struct {
+	// Name is the step's name, unique within the operation.
+	Name string `json:"name"`
+	// Done reports that the step completed and its recovery point was
+	// committed; it never runs again for this record.
+	Done bool `json:"done,omitempty"`
+	// Unknown reports that the step's last attempt ended with an unknown
+	// outcome (ErrOutcomeUnknown) and that it has not completed since.
+	Unknown bool `json:"unknown,omitempty"`
+	// Data is what the step function returned (Done steps only).
+	Data []byte `json:"data,omitempty"`
+}
+
+// checkpointVersion is the version of the checkpoint encoding.
+const checkpointVersion = 1
+
+type checkpointDoc struct {
+	V     int         `json:"v"`
+	Steps []StepState `json:"steps"`
+}
+
+// MaxCheckpoint bounds an encoded checkpoint: step data is meant to be
+// small (identifiers, a provider's charge id), not documents.
+const MaxCheckpoint = 64 << 10
+
+// ParseCheckpoint decodes a checkpoint (Record.Checkpoint,
+// StuckRecord.Checkpoint) into its steps, in the order they were first
+// recorded. An empty checkpoint has no steps.
+func ParseCheckpoint(b []byte) ([]StepState, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	if len(b) > MaxCheckpoint {
+		return nil, fmt.Errorf("idem: checkpoint of %d bytes, limit %d", len(b), MaxCheckpoint)
+	}
+	var d checkpointDoc
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("idem: checkpoint: %w", err)
+	}
+	if d.V != checkpointVersion {
+		return nil, fmt.Errorf("idem: checkpoint version %d, want %d", d.V, checkpointVersion)
+	}
+	return d.Steps, nil
+}
+
+const stepsKey ctxKey = 100
+
+// stepRun is the step state of one execution. It lives in the execution's
+// allocation; ss is nil when the store is not a StepStore.
+type stepRun struct {
+	e      *Executor
+	ss     StepStore
+	holder *txHolder
+	scope  string
+	key    string
+	token  string
+
+	mu    sync.Mutex
+	steps []StepState
+	// saved reports that the record holds a checkpoint (inherited by a
+	// take-over or saved by this execution).
+	saved bool
+	err   error
+}
+
+func (r *stepRun) init(e *Executor, cp ClaimParams, holder *txHolder, checkpoint []byte) {
+	r.e, r.holder, r.scope, r.key, r.token = e, holder, cp.Scope, cp.Key, cp.Token
+	r.ss, _ = e.store.(StepStore)
+	if r.ss != nil && len(checkpoint) > 0 {
+		r.steps, r.err = ParseCheckpoint(checkpoint)
+		r.saved = true
+	}
+}
+
+// Step runs the step called name of a multi-step operation, at most once
+// per record: if an earlier attempt with the same key completed the step
+// (its recovery point committed), Step returns the data fn returned then,
+// without calling fn. Otherwise it calls fn and, if fn succeeds, commits
+// the step's recovery point before returning fn's data:
+//
+//   - on a transactional store, the writes fn made through the execution's
+//     transaction (TxFromContext) commit in the same transaction as the
+//     recovery point, and the next TxFromContext begins a new
+//     transaction;
+//   - otherwise the recovery point is written on its own; fn's effects
+//     must then be idempotent by themselves (a derived key, a fence).
+//
+// The commit is fenced by the owner token: a stale owner (lease lost) gets
+// ErrLeaseLost and nothing of its step commits. If fn fails, its
+// transactional writes roll back and Step returns the error; an error
+// wrapping ErrOutcomeUnknown is also recorded in the checkpoint.
+//
+// When an operation that saved a recovery point ends without a stored
+// outcome (an error, or a response the outcome policy releases), its
+// record is not released: it stays in flight with its checkpoint and an
+// ended lease, so the next attempt with the same key (or a reconciler,
+// see Executor.Reconcile) resumes after the last completed step. Steps
+// run in the order the operation calls them; name them uniquely. Step
+// data is bounded by MaxCheckpoint in total.
+func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+	r, _ := ctx.Value(stepsKey).(*stepRun)
+	if r == nil || r.ss == nil {
+		return nil, ErrStepsUnsupported
+	}
+	if name == "" {
+		return nil, errors.New("idem: a step needs a name")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return nil, r.err
+	}
+	if i := r.find(name); i >= 0 && r.steps[i].Done {
+		return slices.Clone(r.steps[i].Data), nil
+	}
+	data, err := fn(ctx)
+	if err != nil {
+		r.rollback()
+		if errors.Is(err, ErrOutcomeUnknown) {
+			if serr := r.save(ctx, StepState{Name: name, Unknown: true}); serr != nil {
+				return nil, errors.Join(err, serr)
+			}
+		}
+		return nil, err
+	}
+	if err := r.save(ctx, StepState{Name: name, Done: true, Data: slices.Clone(data)}); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// StepsFromContext returns the steps recorded so far for the execution
+// ctx belongs to (completed ones and those with an unknown outcome), or nil
+// outside one.
+func StepsFromContext(ctx context.Context) []StepState {
+	r, _ := ctx.Value(stepsKey).(*stepRun)
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.steps)
+}
+
+func (r *stepRun) find(name string) int {
+	return slices.IndexFunc(r.steps, func(s StepState) bool { return s.Name == name })
+}
+
+// rollback discards the open transaction, if any, so that a failed step's
+// writes never commit with a later step.
+func (r *stepRun) rollback() {
+	if r.holder == nil {
+		return
+	}
+	if tx := r.holder.take(); tx != nil {
+		_ = tx.Rollback(r.holder.ctx)
+	}
+}
+
+// save records st in the checkpoint and commits it: through the open
+// transaction, with the step's writes, if there is one.
+func (r *stepRun) save(ctx context.Context, st StepState) error {
+	steps := slices.Clone(r.steps)
+	if i := r.find(st.Name); i >= 0 {
+		steps[i] = st
+	} else {
+		steps = append(steps, st)
+	}
+	enc, err := json.Marshal(checkpointDoc{V: checkpointVersion, Steps: steps})
+	if err != nil {
+		return err
+	}
+	if len(enc) > MaxCheckpoint {
+		return fmt.Errorf("idem: step %q: checkpoint of %d bytes, limit %d", st.Name, len(enc), MaxCheckpoint)
+	}
+	p := SaveCheckpointParams{Scope: r.scope, Key: r.key, Token: r.token, Checkpoint: enc}
+	// Committing a step that was done must not depend on the client still
+	// waiting; StoreTimeout bounds it instead.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.StoreTimeout)
+	defer cancel()
+	var tx StoreTx
+	if r.holder != nil {
+		tx = r.holder.take()
+	}
+	p.Now = r.e.cfg.NowFunc()
+	if tx != nil {
+		ct, ok := tx.(CheckpointTx)
+		if !ok {
+			_ = tx.Rollback(sctx)
+			return fmt.Errorf("%w: the store's transaction cannot save a checkpoint", ErrStepsUnsupported)
+		}
+		err = ct.SaveCheckpoint(sctx, p)
+		if err == nil {
+			err = tx.Commit(sctx)
+		}
+		if err != nil {
+			_ = tx.Rollback(sctx)
+		}
+	} else {
+		err = r.ss.SaveCheckpoint(sctx, p)
+	}
+	if err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			return fmt.Errorf("idem: step %q: %w", st.Name, ErrLeaseLost)
+		}
+		return fmt.Errorf("%w: step %q: %w", ErrStoreUnavailable, st.Name, err)
+	}
+	r.steps, r.saved = steps, true
+	return nil
+}
+
+// end ends an execution that has no stored outcome: a record holding a
+// checkpoint stays in flight with its lease ended (so that the next attempt
+// resumes), any other is released. suspended reports the former.
+func (r *stepRun) end(ctx context.Context, ids ReleaseParams) (suspended bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ss == nil || !r.saved || r.err != nil {
+		return false, r.e.store.Release(ctx, ids)
+	}
+	enc, err := json.Marshal(checkpointDoc{V: checkpointVersion, Steps: r.steps})
+	if err != nil {
+		return false, err
+	}
+	return true, r.ss.SaveCheckpoint(ctx, SaveCheckpointParams{
+		Scope: ids.Scope, Key: ids.Key, Token: ids.Token, Checkpoint: enc, EndLease: true, Now: ids.Now,
+	})
+}
+
+// take hands over the open transaction, if any; the next get begins a new
+// one.
+func (h *txHolder) take() StoreTx {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	tx := h.tx
+	h.tx, h.err = nil, nil
+	return tx
+}
+
+// ReconcileParams are the arguments of Executor.Reconcile.
+type ReconcileParams struct {
+	// Limit bounds the operations resumed by one call. Defaults to 100.
+	Limit int
+	// Operation names the operation in events and logs. Defaults to
+	// "reconcile".
+	Operation string
+}
+
+// ReconcileResult reports what one Executor.Reconcile call did.
+type ReconcileResult struct {
+	// Found is the number of stuck operations the store returned.
+	Found int
+	// Completed is the number that ran to a stored outcome.
+	Completed int
+	// Failed is the number whose resumption failed; the error returned
+	// joins their errors. They stay stuck and are found again.
+	Failed int
+}
+
+// Reconcile drives operations stuck after a recovery point to completion:
+// operations whose attempt died (a crash, a lost lease, a provider that
+// stayed down) after saving a step, and that no client retried. For each
+// stuck record the store returns, resume returns the operation to run (the
+// same code the original request ran, rebuilt from the record's steps and
+// the application's own state); Reconcile runs it through Do with the
+// record's scope, key and fingerprint, so that it takes the record over,
+// skips the completed steps and calls downstream systems again with the
+// same derived keys. An operation that another attempt is running
+// (ErrInFlight) is left to it. Run Reconcile periodically, from one or many
+// instances: the claims keep each operation to one runner at a time.
+//
+// It returns ErrStepsUnsupported if the store is not a StepStore.
+func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func(ctx context.Context, rec StuckRecord) (Operation, error)) (ReconcileResult, error) {
+	var res ReconcileResult
+	ss, ok := e.store.(StepStore)
+	if !ok {
+		return res, ErrStepsUnsupported
+	}
+	if p.Limit <= 0 {
+		p.Limit = 100
+	}
+	if p.Operation == "" {
+		p.Operation = "reconcile"
+	}
+	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	recs, err := ss.Stuck(sctx, StuckParams{Limit: p.Limit, Now: e.cfg.NowFunc()})
+	cancel()
+	if err != nil {
+		return res, fmt.Errorf("%w: stuck: %w", ErrStoreUnavailable, err)
+	}
+	res.Found = len(recs)
+	var errs []error
+	for _, rec := range recs {
+		if err := ctx.Err(); err != nil {
+			return res, errors.Join(append(errs, err)...)
+		}
+		op, err := resume(ctx, rec)
+		if err == nil {
+			var r *Result
+			r, err = e.Do(ctx, DoParams{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint, Operation: p.Operation}, op)
+			switch {
+			case errors.Is(err, ErrInFlight):
+				continue
+			case err == nil && (r.Released || r.Suspended):
+				err = errors.New("the operation ended without a stored outcome")
+			}
+		}
+		if err != nil {
+			res.Failed++
+			errs = append(errs, fmt.Errorf("idem: reconcile %s: %w", e.cfg.keyAttr(rec.Scope, rec.Key).Value, err))
+			continue
+		}
+		res.Completed++
+	}
+	return res, errors.Join(errs...)
+}
