@@ -122,11 +122,13 @@ type pgClaim struct {
 	response                       []byte
 	leaseEnd                       *time.Time
 	expiresAt                      time.Time
+	fence                          int64
+	checkpoint                     []byte
 }
 
 func scanPGClaim(row pgx.Row) (pgClaim, error) {
 	var c pgClaim
-	err := row.Scan(&c.acquired, &c.attempt, &c.fingerprint, &c.completed, &c.response, &c.leaseEnd, &c.leaseLive, &c.expiresAt)
+	err := row.Scan(&c.acquired, &c.attempt, &c.fingerprint, &c.completed, &c.response, &c.leaseEnd, &c.leaseLive, &c.expiresAt, &c.fence, &c.checkpoint)
 	return c, err
 }
 

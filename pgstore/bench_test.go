@@ -317,6 +317,8 @@ func scanClaim(row pgx.Row) error {
 		body                      []byte
 		lease                     *time.Time
 		exp                       time.Time
+		fence                     int64
+		checkpoint                []byte
 	)
-	return row.Scan(&acquired, &attempt, &fp, &completed, &body, &lease, &live, &exp)
+	return row.Scan(&acquired, &attempt, &fp, &completed, &body, &lease, &live, &exp, &fence, &checkpoint)
 }
