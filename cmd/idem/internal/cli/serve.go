@@ -31,6 +31,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
+	pf := f.providerFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -64,6 +65,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// transaction commits synchronously after the claim and flushes it, so
 	// the claim need not wait for its own flush.
 	sameDB := *storeSpec == "" || *storeSpec == *db
+	if err := pf.check(sameDB); err != nil {
+		return f.usageError("%v", err)
+	}
 	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB})
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
@@ -100,8 +104,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !sameDB {
 		mwStore = withoutTx(mwStore)
 	}
+	var psvc *payments.ProviderService
+	var secret []byte
+	if *pf.url != "" {
+		if psvc, secret, err = setupProvider(ctx, pf, repo, logger); err != nil {
+			logger.Error("cannot prepare the provider mode", "error", err)
+			return exitError
+		}
+	}
 	m := metrics.New()
-	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
+	idemCfg := &idem.Config{
 		Lease:           *lease,
 		TTL:             *ttl,
 		Wait:            *sf.wait,
@@ -110,15 +122,32 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		MaxRequestBody:  payments.MaxBody,
 		Observer:        m,
 		Logger:          logger,
-	})
+		DeriveKeySecret: secret,
+	}
+	mw, err := idem.NewMiddleware(mwStore, idemCfg)
 	if err != nil {
 		return f.usageError("%v", err)
 	}
 	svc := &payments.Service{Repo: repo, OpDelay: *opDelay}
+	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
+	if psvc != nil {
+		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
+		exec, err := idem.NewExecutor(mwStore, idemCfg)
+		if err != nil {
+			return f.usageError("%v", err)
+		}
+		rctx, stopReconcile := context.WithCancel(ctx)
+		defer stopReconcile()
+		go reconcileLoop(rctx, exec, psvc, *pf.reconcile, logger)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", mw.Handle(m.InFlight(http.HandlerFunc(svc.Create)))))
-	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
-	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", http.HandlerFunc(svc.Get)))
+	postHandler := mw.Handle(m.InFlight(create))
+	if psvc != nil {
+		postHandler = crashAfterCapture(postHandler, psvc)
+	}
+	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", postHandler))
+	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", count))
+	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", get))
 	mux.Handle("GET /healthz", health(dbStore, records))
 	mux.Handle("GET /metrics", m.Handler())
 
@@ -134,7 +163,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		where = fmt.Sprintf("payments and idempotency records in %s, committed in one transaction", dbStore.Where)
 	}
 	logger.Info("idem serve listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
-		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay)
+		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, "provider", *pf.url)
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
