@@ -32,6 +32,7 @@ func runProvider(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	failRate := f.Float64("fail-rate", 0, "fraction of charges answered 503 before anything is charged (0 to 1)")
 	dropRate := f.Float64("drop-rate", 0, "fraction of charges committed and then left without an answer\n(the connection is closed) (0 to 1)")
 	delay := f.Duration("delay", 0, "how long each charge takes")
+	logFormat := f.String("log-format", "text", "log format: text or json")
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -44,7 +45,10 @@ func runProvider(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if err := positiveDuration("delay", *delay, true); err != nil {
 		return f.usageError("%v", err)
 	}
-	logger, _ := newLogger("text", stderr)
+	logger, err := newLogger(*logFormat, stderr)
+	if err != nil {
+		return f.usageError("%v", err)
+	}
 	store, err := sqlitestore.Open(ctx, *db, nil)
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
