@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -356,5 +358,63 @@ func TestStepOutsideAStepStore(t *testing.T) {
 	t.Parallel()
 	if _, err := idem.Step(t.Context(), "x", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrStepsUnsupported) {
 		t.Errorf("Step outside an execution: %v", err)
+	}
+}
+
+// Through the middleware: a handler whose second step fails answers 503;
+// the record stays at its recovery point, and the retry resumes there.
+func TestStepsThroughTheMiddleware(t *testing.T) {
+	t.Parallel()
+	mw, err := idem.NewMiddleware(newMemStore(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inserts, charges atomic.Int32
+	providerUp := false
+	h := mw.Handle(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		id, err := idem.Step(ctx, "insert", func(context.Context) ([]byte, error) {
+			inserts.Add(1)
+			return []byte("pay_1"), nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		key, _ := idem.DeriveKey(ctx, "charge")
+		if _, err := idem.Step(ctx, "charge", func(context.Context) ([]byte, error) {
+			if !providerUp {
+				return nil, errors.New("provider down")
+			}
+			charges.Add(1)
+			return []byte(key), nil
+		}); err != nil {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "step incomplete", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "%s charged", id)
+	}))
+	post := func() *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"a":1}`))
+		req.Header.Set(idem.HeaderKey, `"k1"`)
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	if rec := post(); rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first attempt: %d, want 503", rec.Code)
+	}
+	providerUp = true
+	rec := post()
+	if rec.Code != http.StatusCreated || rec.Body.String() != "pay_1 charged" {
+		t.Fatalf("retry: %d %q", rec.Code, rec.Body.String())
+	}
+	if rec := post(); rec.Code != http.StatusCreated || rec.Header().Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("replay: %d replayed %q", rec.Code, rec.Header().Get(idem.HeaderReplayed))
+	}
+	if inserts.Load() != 1 || charges.Load() != 1 {
+		t.Errorf("inserts %d, charges %d; want 1 each", inserts.Load(), charges.Load())
 	}
 }
