@@ -109,7 +109,7 @@ func TestStepsFailureBeforeAnyStepReleases(t *testing.T) {
 // ledger is a downstream system that accepts a write only with a fence at
 // least as high as the highest it has seen for the key.
 type ledger struct {
-	mu     sync.Mutex
+	mu      sync.Mutex
 	fences  map[string]int64
 	writes  []string
 	refused []string
