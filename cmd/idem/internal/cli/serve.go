@@ -20,6 +20,11 @@ duplicate of a running request gets 409, a reused key with another payload
 gets 422. By default payments and idempotency records live in one SQLite file
 and commit in one transaction; nothing else needs to be installed.
 
+With --provider URL (see idem provider), each payment is made in three steps
+that survive crashes: a pending payment, a charge at the provider with a key
+derived from the client's key, then captured; a charge that cannot be made in
+--provider-budget answers 503 idempotency.step_incomplete and the retry resumes.
+
 Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
 GET /healthz, GET /metrics (Prometheus).`
 
