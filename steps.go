@@ -192,14 +192,21 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte
 		return nil, errors.New("idem: a step needs a name")
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.err != nil {
+		r.mu.Unlock()
 		return nil, r.err
 	}
 	if i := r.find(name); i >= 0 && r.steps[i].Done {
-		return slices.Clone(r.steps[i].Data), nil
+		data := slices.Clone(r.steps[i].Data)
+		r.mu.Unlock()
+		return data, nil
 	}
+	r.mu.Unlock()
+	// fn runs unlocked, so that it may call StepsFromContext (or another
+	// execution's API) freely.
 	data, err := fn(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if err != nil {
 		r.rollback()
 		if errors.Is(err, ErrOutcomeUnknown) {

@@ -37,8 +37,10 @@ type Config struct {
 const shardCount = 64
 
 // Store is an in-memory idem.Store. It also implements idem.Watcher, so
-// that wait mode wakes up as soon as a record changes. The zero value is not
-// usable; call New.
+// that wait mode wakes up as soon as a record changes, and idem.StepStore
+// (recovery points, not transactional). Fences come from one counter per
+// Store, so they grow per key for the life of the process. The zero value
+// is not usable; call New.
 type Store struct {
 	seed   maphash.Seed
 	max    int64

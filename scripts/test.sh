@@ -41,6 +41,7 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem FuzzParseKey
 		github.com/idemhq/idem FuzzCanonicalJSON
 		github.com/idemhq/idem FuzzResponseDecoding
+		github.com/idemhq/idem FuzzParseCheckpoint
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzParseFile
 		github.com/idemhq/idem/idemclient FuzzRetryAfter
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidate

@@ -173,4 +173,28 @@ func testSteps(t *testing.T, h Harness) {
 			}
 		}
 	})
+
+	t.Run("OneResumerAmong32", func(t *testing.T) {
+		b := setup(t, h)
+		p := b.acquire(fpA)
+		if err := save(b, p, "point", true); err != nil {
+			t.Fatalf("SaveCheckpoint EndLease: %v", err)
+		}
+		const n = 32
+		rs := b.race(n, func(int) (idem.ClaimResult, error) {
+			return b.store.Claim(b.ctx, idem.ClaimParams{Scope: p.Scope, Key: p.Key, Fingerprint: fpA, Token: b.token(),
+				Lease: b.lease, TTL: b.ttl, Now: b.clock.Now()})
+		})
+		if got := count(rs, idem.ClaimAcquired); got != 1 {
+			t.Fatalf("%d of %d concurrent claims resumed the record, want 1", got, n)
+		}
+		for _, r := range rs {
+			if r.Outcome == idem.ClaimAcquired && string(r.Record.Checkpoint) != "point" {
+				t.Errorf("the resumer got checkpoint %q", r.Record.Checkpoint)
+			}
+		}
+		if got := count(rs, idem.ClaimInFlight); got != n-1 {
+			t.Errorf("%d claims answered in flight, want %d", got, n-1)
+		}
+	})
 }
