@@ -27,6 +27,15 @@ import (
 // the answer is sent.
 var crashPoints = []string{"payment-written", "after-payment", "after-charge", "after-charge-recorded", "after-capture"}
 
+// serveBackends are the databases `idem serve --provider` runs on.
+var serveBackends = []struct {
+	name string
+	db   func(t *testing.T) string // a fresh --db for the test
+}{
+	{"SQLite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "serve.db") }},
+	{"PostgreSQL", func(t *testing.T) string { return newPGDatabase(t).url }},
+}
+
 // startProvider runs `idem provider` on a fresh SQLite file.
 func startProvider(t *testing.T, args ...string) *server {
 	t.Helper()
@@ -161,14 +170,7 @@ func checkCharged(t *testing.T, serveURL, providerURL string, r reply) {
 // answer the client got for the key is the same.
 func TestProviderCrashAtEveryStepBoundary(t *testing.T) {
 	t.Parallel()
-	backends := []struct {
-		name string
-		db   func(t *testing.T) string
-	}{
-		{"SQLite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "serve.db") }},
-		{"PostgreSQL", func(t *testing.T) string { return newPGDatabase(t).url }},
-	}
-	for _, b := range backends {
+	for _, b := range serveBackends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			for _, point := range crashPoints {
@@ -218,9 +220,18 @@ func TestProviderCrashAtEveryStepBoundary(t *testing.T) {
 // the payment's reference.
 func TestProviderFaultsAndKillsExactlyOnce(t *testing.T) {
 	t.Parallel()
+	for _, b := range serveBackends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			faultsAndKills(t, b.db(t))
+		})
+	}
+}
+
+func faultsAndKills(t *testing.T, db string) {
 	const payments, workers = 200, 8
 	prov := startProvider(t, "--fail-rate", "0.3", "--drop-rate", "0.3", "--delay", "0")
-	db, addr := filepath.Join(t.TempDir(), "serve.db"), freeAddr(t)
+	addr := freeAddr(t)
 	serveArgs := []string{"--reconcile-interval", "1s", "--provider-budget", "2s"}
 	cur := startProviderServe(t, "serve-0", addr, db, prov.url, "", serveArgs...)
 	url := cur.url
