@@ -164,17 +164,19 @@ func (r *stepRun) init(e *Executor, cp ClaimParams, holder *txHolder, checkpoint
 // without calling fn. Otherwise it calls fn and, if fn succeeds, commits
 // the step's recovery point before returning fn's data:
 //
-//   - on a transactional store, the writes fn made through the execution's
-//     transaction (TxFromContext) commit in the same transaction as the
-//     recovery point, and the next TxFromContext begins a new
-//     transaction;
+//   - on a transactional store, the writes made through the execution's
+//     transaction (TxFromContext) since the previous step, fn's included,
+//     commit in the same transaction as the recovery point, and the next
+//     TxFromContext begins a new transaction;
 //   - otherwise the recovery point is written on its own; fn's effects
 //     must then be idempotent by themselves (a derived key, a fence).
 //
 // The commit is fenced by the owner token: a stale owner (lease lost) gets
-// ErrLeaseLost and nothing of its step commits. If fn fails, its
-// transactional writes roll back and Step returns the error; an error
-// wrapping ErrOutcomeUnknown is also recorded in the checkpoint.
+// ErrLeaseLost and nothing of its step commits. If fn fails, the
+// transactional writes since the previous step roll back and Step returns
+// the error; an error wrapping ErrOutcomeUnknown is also recorded in the
+// checkpoint. A checkpoint that cannot be decoded makes every Step fail,
+// and the record is then kept, never released.
 //
 // When an operation that saved a recovery point ends without a stored
 // outcome (an error, or a response the outcome policy releases), its
@@ -308,7 +310,13 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 func (r *stepRun) end(ctx context.Context, ids ReleaseParams) (suspended bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.ss == nil || !r.saved || r.err != nil {
+	if r.err != nil {
+		// An unreadable checkpoint: releasing would forget the steps that
+		// were done and run them again. Fail closed; the record stays in
+		// flight until its lease ends.
+		return false, r.err
+	}
+	if r.ss == nil || !r.saved {
 		return false, r.e.store.Release(ctx, ids)
 	}
 	enc, err := json.Marshal(checkpointDoc{V: checkpointVersion, Steps: r.steps})
