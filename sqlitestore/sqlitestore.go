@@ -29,6 +29,11 @@
 // the busy timeout. Lease renewal does not starve: while the transaction is
 // open the core renews through it.
 //
+// It also implements idem.StepStore: a multi-step operation's step (see
+// idem.Step) commits its writes and its recovery point in one transaction,
+// fenced by the owner token, and claims carry a fencing token drawn from a
+// one-row counter that only grows.
+//
 // Records expire at their retention time and then behave as absent;
 // DeleteExpired removes them in bounded batches when the application (or
 // `idem cleanup`) calls it. The store starts no goroutines.
