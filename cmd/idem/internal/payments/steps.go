@@ -38,10 +38,10 @@ type StepPayment struct {
 	// shows it; the POST answer does not.
 	ProviderKey string `json:"providerKey,omitempty"`
 
-	// Tenant and Key identify the client's request; they ride in the
-	// recovery point so that a reconciler can resume without the request.
-	Tenant string `json:"tenant,omitempty"`
-	Key    string `json:"key,omitempty"`
+	// Tenant and Key identify the client's request for InsertPending's
+	// uniqueness; they are never shown nor kept in the recovery point.
+	Tenant string `json:"-"`
+	Key    string `json:"-"`
 }
 
 // StepRepo stores provider payments. InsertPending and Capture write
@@ -183,6 +183,8 @@ func (s *ProviderService) Run(ctx context.Context, req StepPayment) *idem.Respon
 			return nil, err
 		}
 		s.crash("payment-written")
+		// The recovery point holds what the later steps need; the
+		// client's key and tenant are not serialised.
 		return json.Marshal(p)
 	})
 	if err != nil {
@@ -213,7 +215,7 @@ func (s *ProviderService) Run(ctx context.Context, req StepPayment) *idem.Respon
 		s.logger().Warn("capture failed", "payment", p.ID, "error", err)
 		return problemResponse(http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.", 1)
 	}
-	p.Status, p.ChargeID, p.ProviderKey, p.Tenant, p.Key = "captured", string(charge), "", "", ""
+	p.Status, p.ChargeID, p.ProviderKey = "captured", string(charge), ""
 	var body bytes.Buffer
 	_ = json.NewEncoder(&body).Encode(p)
 	return &idem.Response{StatusCode: http.StatusCreated, Body: body.Bytes(), Header: http.Header{
