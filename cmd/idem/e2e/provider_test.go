@@ -39,8 +39,13 @@ var serveBackends = []struct {
 // startProvider runs `idem provider` on a fresh SQLite file.
 func startProvider(t *testing.T, args ...string) *server {
 	t.Helper()
-	db := filepath.Join(t.TempDir(), "provider.db")
-	return startIdem(t, "provider", nil, append([]string{"provider", "--addr", "127.0.0.1:0", "--log-format", "json", "--db", db}, args...)...)
+	return startProviderAt(t, "127.0.0.1:0", filepath.Join(t.TempDir(), "provider.db"), args...)
+}
+
+// startProviderAt runs `idem provider` at addr on db.
+func startProviderAt(t *testing.T, addr, db string, args ...string) *server {
+	t.Helper()
+	return startIdem(t, "provider", nil, append([]string{"provider", "--addr", addr, "--log-format", "json", "--db", db}, args...)...)
 }
 
 // startProviderServe runs `idem serve --provider` on db at addr, with the
@@ -296,4 +301,48 @@ func faultsAndKills(t *testing.T, db string) {
 	for _, r := range answers {
 		checkCharged(t, cur.url, prov.url, r)
 	}
+}
+
+// A provider that is down: the client gets 503 idempotency.step_incomplete
+// with Retry-After and the payment stays pending; once the provider is back,
+// the reconciler completes the payment without any retry, and the client's
+// retry then replays the captured payment.
+func TestProviderDownThenReconciled(t *testing.T) {
+	t.Parallel()
+	provAddr, provDB := freeAddr(t), filepath.Join(t.TempDir(), "provider.db")
+	db := filepath.Join(t.TempDir(), "serve.db")
+	s := startProviderServe(t, "serve", "127.0.0.1:0", db, "http://"+provAddr, "",
+		"--provider-budget", "500ms", "--reconcile-interval", "200ms")
+	key := "down-" + randomName(8)
+	body := paymentBody(990, "order-"+key)
+	r, err := postPayment(httpClient, s.url, key, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.status != http.StatusServiceUnavailable || r.problemCode() != "idempotency.step_incomplete" ||
+		r.header.Get("Retry-After") == "" || r.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("with the provider down: %v, want 503 idempotency.step_incomplete with Retry-After", r)
+	}
+	var pays struct{ Count, Captured int64 }
+	getJSON(t, s.url+"/api/payments/count", &pays)
+	if pays.Count != 1 || pays.Captured != 0 {
+		t.Fatalf("payments %+v, want one pending", pays)
+	}
+
+	prov := startProviderAt(t, provAddr, provDB)
+	eventually(t, 30*time.Second, 50*time.Millisecond, "the reconciler captures the payment", func() (bool, error) {
+		getJSON(t, s.url+"/api/payments/count", &pays)
+		return pays.Captured == 1, nil
+	})
+	if !s.log.contains("reconciled pending payments") {
+		t.Error("serve did not log the reconciliation")
+	}
+	r, err = postPayment(httpClient, s.url, key, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.replayed() != "true" {
+		t.Errorf("the retry after reconciliation was not a replay: %v", r)
+	}
+	checkCharged(t, s.url, prov.url, r)
 }
