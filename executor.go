@@ -309,6 +309,9 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 			e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Err: err}, start)
 		}
 		ev := Event{Kind: EventReleased, Operation: p.Operation, TookOver: cr.TookOver, Err: opErr}
+		if suspended {
+			ev.Kind = EventSuspended
+		}
 		if resp != nil {
 			ev.Status = resp.StatusCode
 		}

@@ -16,6 +16,27 @@ import (
 	"github.com/idemhq/idem/memstore"
 )
 
+// kindCounter is an Observer that counts events by kind.
+type kindCounter struct {
+	mu sync.Mutex
+	n  map[idem.EventKind]int
+}
+
+func (k *kindCounter) Observe(_ context.Context, e idem.Event) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.n == nil {
+		k.n = map[idem.EventKind]int{}
+	}
+	k.n[e.Kind]++
+}
+
+func (k *kindCounter) get(kind idem.EventKind) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.n[kind]
+}
+
 func newMemStore(t *testing.T) *memstore.Store {
 	t.Helper()
 	s, err := memstore.New(nil)
@@ -30,7 +51,8 @@ func newMemStore(t *testing.T) *memstore.Store {
 func TestStepsResumeAfterTheLastRecoveryPoint(t *testing.T) {
 	t.Parallel()
 	store := newMemStore(t)
-	exec, err := idem.NewExecutor(store, nil)
+	kinds := &kindCounter{}
+	exec, err := idem.NewExecutor(store, &idem.Config{Observer: kinds})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +91,9 @@ func TestStepsResumeAfterTheLastRecoveryPoint(t *testing.T) {
 		t.Fatalf("checkpoint steps = %+v, %v; want first done, second unknown", steps, err)
 	}
 
+	if kinds.get(idem.EventSuspended) != 1 || kinds.get(idem.EventReleased) != 0 {
+		t.Errorf("events: %d suspended, %d released; want 1 and 0", kinds.get(idem.EventSuspended), kinds.get(idem.EventReleased))
+	}
 	failSecond = false
 	res, err = exec.Do(t.Context(), doParams("k"), op)
 	if err != nil || !res.TookOver || string(res.Response.Body) != "pay_1/ch_1" {
