@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,12 +28,19 @@ const (
 	DefaultLease           = 30 * time.Second
 	DefaultTTL             = 24 * time.Hour
 	DefaultRetryAfter      = time.Second
-	DefaultStoreTimeout    = 10 * time.Second
+	DefaultStoreTimeout    = 5 * time.Second
 	DefaultMaxRequestBody  = 1 << 20
 	DefaultMaxResponseBody = 1 << 20
 	// MinLease is the shortest lease Config accepts: renewal runs every
 	// third of a lease and must have time to reach the store.
 	MinLease = 50 * time.Millisecond
+	// MaxTTL is the longest TTL (and so the longest lease) Config accepts,
+	// ten years: the clock's reading plus a TTL must stay far inside the
+	// range of time.Time and of every store's timestamps. (A duration near
+	// time.Duration's maximum of 292 years would wrap the expiry into the
+	// past, and every request would lose its lease at once.) StoreTimeout,
+	// Wait and RetryAfter are bounded by it too.
+	MaxTTL = 10 * 365 * 24 * time.Hour
 )
 
 // KeyRequirement says whether requests must, may or must not carry a key.
@@ -78,8 +84,18 @@ func DefaultOutcome(status int) Outcome {
 }
 
 // Config configures an Executor or a Middleware. A nil *Config means every
-// default, and so does each zero field. Fields marked "Middleware only" are
-// ignored by NewExecutor.
+// default, and so does each zero field. The fields, by what they govern:
+//
+//   - records: Lease, TTL, Wait, RetryAfter, OutcomeFunc;
+//   - the store and the clock: StoreTimeout, NowFunc;
+//   - observability: Observer, Logger;
+//   - which requests need a key, and how they are identified (Middleware
+//     only): Requirement, RequiredMethods, ValidateKeyFunc, TenantFunc,
+//     OperationFunc, FingerprintFunc;
+//   - limits and answers (Middleware only): MaxRequestBody,
+//     MaxResponseBody, ReplayDenyHeaders, FailOpen, ErrorFunc.
+//
+// NewExecutor ignores the fields marked "Middleware only".
 type Config struct {
 	// Lease is how long a claim owns a record without renewal. The owner
 	// renews it every third of a lease while the operation runs, so an
@@ -105,10 +121,16 @@ type Config struct {
 	// Defaults to 1 second.
 	RetryAfter time.Duration
 
-	// StoreTimeout bounds each store call made after the operation ran
-	// (complete, release) and each renewal. These calls do not use the
-	// request's context, so a client that disconnects cannot cancel the
-	// recording of work that was done. Defaults to 10 seconds.
+	// StoreTimeout bounds every store call: the claim, each lease renewal,
+	// beginning the operation's transaction, and each call that records the
+	// outcome (complete, commit, rollback, release), as well as a Watch
+	// registration in wait mode. A store that stops answering (connections
+	// open, nothing answers) thus yields 503 idempotency.store_unavailable
+	// with Retry-After within StoreTimeout, never a request that hangs for
+	// as long as its client waits. The calls made after the operation ran
+	// do not use the request's cancellation, so a client that disconnects
+	// cannot cancel the recording of work that was done. Defaults to 5
+	// seconds.
 	StoreTimeout time.Duration
 
 	// OutcomeFunc decides, from the response status, whether a finished
@@ -134,14 +156,10 @@ type Config struct {
 	DeriveKeySecret []byte
 
 	// Logger receives warnings and errors (store failures, lost leases,
-	// take-overs, panics). Keys are logged as a short hash unless LogKeys is
-	// set. Defaults to slog.Default().
+	// take-overs). Keys appear only as RedactKey gives them: clients
+	// sometimes build keys from order or user identifiers. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
-
-	// LogKeys logs idempotency keys in clear. Keys may be sensitive
-	// (clients sometimes build them from order or user identifiers).
-	// Defaults to false.
-	LogKeys bool
 
 	// Requirement says which requests need a key. Middleware only. Defaults
 	// to KeyByMethod.
@@ -157,12 +175,12 @@ type Config struct {
 	// only. Defaults to none.
 	ValidateKeyFunc func(key string) error
 
-	// ScopeFunc returns the tenant or principal a request belongs to; the
+	// TenantFunc returns the tenant or principal a request belongs to; the
 	// record scope is this tenant plus the operation, so tenants never see
 	// each other's records. An error is answered as it is if it is a
 	// *Problem, and otherwise with 400 idempotency.scope_invalid. Middleware
 	// only. Defaults to a single scope for everyone.
-	ScopeFunc func(r *http.Request) (string, error)
+	TenantFunc func(r *http.Request) (string, error)
 
 	// OperationFunc names the operation a request invokes. Middleware only.
 	// Defaults to the request's ServeMux pattern (http.Request.Pattern) or,
@@ -222,6 +240,14 @@ func (c *Config) resolve() (Config, error) {
 	}
 	if r.TTL == 0 {
 		r.TTL = DefaultTTL
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Lease", r.Lease}, {"TTL", r.TTL}, {"StoreTimeout", r.StoreTimeout}, {"Wait", r.Wait}, {"RetryAfter", r.RetryAfter}} {
+		if d.v > MaxTTL {
+			return r, fmt.Errorf("idem: %s %v is longer than MaxTTL %v (an expiry that far out overflows time)", d.name, d.v, MaxTTL)
+		}
 	}
 	if r.TTL < r.Lease {
 		return r, fmt.Errorf("idem: TTL %v is shorter than Lease %v", r.TTL, r.Lease)
@@ -294,14 +320,6 @@ func Scope(tenant, operation string) string {
 	return strconv.Itoa(len(tenant)) + ":" + tenant + "|" + operation
 }
 
-// ctxKey is the type of idem's context keys.
-type ctxKey int
-
-const (
-	txHolderKey ctxKey = iota
-	infoKey
-)
-
 // RequestInfo describes the idempotent execution a handler runs in.
 type RequestInfo struct {
 	// Key is the idempotency key.
@@ -319,12 +337,4 @@ type RequestInfo struct {
 	// Fence is the execution's fencing token (see Record.Fence and
 	// FenceFromContext).
 	Fence int64
-}
-
-// InfoFromContext returns the RequestInfo of the idempotent execution that
-// ctx belongs to, and false outside one. Handlers use it to pass the key on
-// to their own providers.
-func InfoFromContext(ctx context.Context) (*RequestInfo, bool) {
-	ri, ok := ctx.Value(infoKey).(*RequestInfo)
-	return ri, ok
 }

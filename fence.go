@@ -49,7 +49,7 @@ var ErrNoExecution = errors.New("idem: the context is not an idempotent executio
 // correlation between both keys.
 func DeriveKey(ctx context.Context, step string) (string, error) {
 	info, ok := InfoFromContext(ctx)
-	r, _ := ctx.Value(stepsKey).(*stepRun)
+	r := stepRunFrom(ctx)
 	if !ok || r == nil {
 		return "", ErrNoExecution
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -129,7 +130,15 @@ func ParseCheckpoint(b []byte) ([]StepState, error) {
 	return d.Steps, nil
 }
 
-const stepsKey ctxKey = 100
+// stepRunFrom returns the step state of the execution ctx belongs to, or
+// nil outside one.
+func stepRunFrom(ctx context.Context) *stepRun {
+	x, ok := ctx.Value(execKey{}).(*execution)
+	if !ok {
+		return nil
+	}
+	return &x.steps
+}
 
 // stepRun is the step state of one execution. It lives in the execution's
 // allocation; ss is nil when the store is not a StepStore.
@@ -147,6 +156,9 @@ type stepRun struct {
 	// take-over or saved by this execution).
 	saved bool
 	err   error
+	// suspended reports that the execution ended by keeping the record at
+	// its recovery point (set by releaseOrSuspend).
+	suspended bool
 }
 
 func (r *stepRun) init(e *Executor, cp ClaimParams, holder *txHolder, checkpoint []byte) {
@@ -186,7 +198,7 @@ func (r *stepRun) init(e *Executor, cp ClaimParams, holder *txHolder, checkpoint
 // run in the order the operation calls them; name them uniquely. Step
 // data is bounded by MaxCheckpoint in total.
 func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
-	r, _ := ctx.Value(stepsKey).(*stepRun)
+	r := stepRunFrom(ctx)
 	if r == nil || r.ss == nil {
 		return nil, ErrStepsUnsupported
 	}
@@ -228,7 +240,7 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte
 // ctx belongs to (completed ones and those with an unknown outcome), or nil
 // outside one.
 func StepsFromContext(ctx context.Context) []StepState {
-	r, _ := ctx.Value(stepsKey).(*stepRun)
+	r := stepRunFrom(ctx)
 	if r == nil {
 		return nil
 	}
@@ -244,12 +256,14 @@ func (r *stepRun) find(name string) int {
 // rollback discards the open transaction, if any, so that a failed step's
 // writes never commit with a later step.
 func (r *stepRun) rollback() {
-	if r.holder == nil {
+	tx, end := r.holder.take()
+	if tx == nil {
 		return
 	}
-	if tx := r.holder.take(); tx != nil {
-		_ = tx.Rollback(r.holder.ctx)
-	}
+	ctx, cancel := context.WithTimeout(r.holder.ctx, r.e.cfg.StoreTimeout)
+	_ = tx.Rollback(ctx)
+	cancel()
+	end()
 }
 
 // save records st in the checkpoint and commits it: through the open
@@ -273,10 +287,8 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 	// waiting; StoreTimeout bounds it instead.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.StoreTimeout)
 	defer cancel()
-	var tx StoreTx
-	if r.holder != nil {
-		tx = r.holder.take()
-	}
+	tx, end := r.holder.take()
+	defer end()
 	p.Now = r.e.cfg.NowFunc()
 	if tx != nil {
 		ct, ok := tx.(CheckpointTx)
@@ -304,38 +316,69 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 	return nil
 }
 
-// end ends an execution that has no stored outcome: a record holding a
-// checkpoint stays in flight with its lease ended (so that the next attempt
-// resumes), any other is released. suspended reports the former.
-func (r *stepRun) end(ctx context.Context, ids ReleaseParams) (suspended bool, err error) {
+// releaseOrSuspend ends an execution that has no stored outcome: a record
+// holding a checkpoint stays in flight with its lease ended, so that the
+// next attempt resumes after it (the execution is then suspended); any
+// other is released. The operation's open transaction rolls back either
+// way. A failure other than ErrLeaseLost is logged and reported: the record
+// then stays in flight until its lease expires.
+func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx StoreTx) error {
+	r := &x.steps
+	r.mu.Lock()
+	keep := r.ss != nil && r.saved
+	r.suspended = keep
+	r.mu.Unlock()
+	if !keep {
+		return e.release(ctx, x, tx)
+	}
+	if tx != nil {
+		e.rollback(ctx, tx)
+	}
+	err := r.suspend(ctx, x.ids)
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: keeping the record at its recovery point failed; it stays in flight until its lease expires",
+			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
+		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Err: err}, x.start)
+	}
+	return err
+}
+
+// suspend saves the checkpoint again with the lease ended. An unreadable
+// checkpoint is not rewritten: releasing would forget the steps that were
+// done, so the record is left as it is (fail closed) until its lease ends.
+func (r *stepRun) suspend(ctx context.Context, ids ReleaseParams) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err != nil {
-		// An unreadable checkpoint: releasing would forget the steps that
-		// were done and run them again. Fail closed; the record stays in
-		// flight until its lease ends.
-		return false, r.err
-	}
-	if r.ss == nil || !r.saved {
-		return false, r.e.store.Release(ctx, ids)
+		return r.err
 	}
 	enc, err := json.Marshal(checkpointDoc{V: checkpointVersion, Steps: r.steps})
 	if err != nil {
-		return false, err
+		return err
 	}
-	return true, r.ss.SaveCheckpoint(ctx, SaveCheckpointParams{
-		Scope: ids.Scope, Key: ids.Key, Token: ids.Token, Checkpoint: enc, EndLease: true, Now: ids.Now,
+	sctx, cancel := context.WithTimeout(ctx, r.e.cfg.StoreTimeout)
+	defer cancel()
+	return r.ss.SaveCheckpoint(sctx, SaveCheckpointParams{
+		Scope: ids.Scope, Key: ids.Key, Token: ids.Token, Checkpoint: enc, EndLease: true, Now: r.e.cfg.NowFunc(),
 	})
 }
 
-// take hands over the open transaction, if any; the next get begins a new
-// one.
-func (h *txHolder) take() StoreTx {
+// take hands over the open transaction, if any, with the function that
+// ends its context once it is committed or rolled back; the next get
+// begins a new transaction. A nil holder holds nothing.
+func (h *txHolder) take() (StoreTx, func()) {
+	if h == nil {
+		return nil, func() {}
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	tx := h.tx
-	h.tx, h.err = nil, nil
-	return tx
+	tx, cancel := h.tx, h.cancel
+	h.tx, h.err, h.cancel = nil, nil, nil
+	return tx, func() {
+		if cancel != nil {
+			cancel(nil)
+		}
+	}
 }
 
 // ReconcileParams are the arguments of Executor.Reconcile.
@@ -408,7 +451,7 @@ func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func
 		}
 		if err != nil {
 			res.Failed++
-			errs = append(errs, fmt.Errorf("idem: reconcile %s: %w", e.cfg.keyAttr(rec.Scope, rec.Key).Value, err))
+			errs = append(errs, fmt.Errorf("idem: reconcile %s: %w", RedactKey(rec.Key), err))
 			continue
 		}
 		res.Completed++

@@ -51,7 +51,7 @@ func newIdemServer(t *testing.T, p *payments, tls bool) *httptest.Server {
 		t.Fatal(err)
 	}
 	mw, err := idem.NewMiddleware(store, &idem.Config{
-		ScopeFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+		TenantFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestCorrectServerPasses(t *testing.T) {
 			t.Fatal(err)
 		}
 		mw, err := idem.NewMiddleware(store, &idem.Config{
-			ScopeFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+			TenantFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -478,7 +478,7 @@ func TestIndistinguishableBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := idem.NewMiddleware(store, &idem.Config{
-		ScopeFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+		TenantFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 	})
 	if err != nil {
 		t.Fatal(err)

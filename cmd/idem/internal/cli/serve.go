@@ -122,7 +122,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Lease:           *lease,
 		TTL:             *ttl,
 		Wait:            *sf.wait,
-		ScopeFunc:       payments.Tenant,
+		TenantFunc:      payments.Tenant,
 		FingerprintFunc: payments.Fingerprint,
 		MaxRequestBody:  payments.MaxBody,
 		Observer:        m,

@@ -225,7 +225,7 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		Logger:          p.logger,
 		Requirement:     s.Key,
 		RequiredMethods: s.Methods,
-		ScopeFunc:       scopeFunc(s.ScopeHeader),
+		TenantFunc:      scopeFunc(s.ScopeHeader),
 		MaxRequestBody:  s.MaxRequestBody,
 		MaxResponseBody: int(s.MaxResponseBody),
 	})

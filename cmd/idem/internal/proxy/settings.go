@@ -332,7 +332,7 @@ func (p *OutcomePolicy) String() string {
 	return strings.Join(append(parts, "otherwise default"), "; ")
 }
 
-// scopeFunc returns the idem.Config.ScopeFunc for a scope header: the
+// scopeFunc returns the idem.Config.TenantFunc for a scope header: the
 // client is a SHA-256 of the header's value, so that the credential itself
 // never reaches the store. Nil for no scope.
 func scopeFunc(header string) func(*http.Request) (string, error) {
