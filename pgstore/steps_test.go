@@ -135,3 +135,59 @@ func TestStaleOwnerStepRollsBack(t *testing.T) {
 		t.Errorf("rows = %q, want only the successor's", got)
 	}
 }
+
+// A downstream system that checks fencing tokens (here a PostgreSQL table
+// written outside idem's transaction, as another service would) refuses
+// the write of a stale owner whose successor already wrote with a higher
+// fence.
+func TestDownstreamRefusesAStaleFence(t *testing.T) {
+	t.Parallel()
+	f, _ := stepsFixture(t)
+	accounts := pgx.Identifier{f.schema, "accounts"}.Sanitize()
+	f.exec(t, "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL)")
+	f.exec(t, "INSERT INTO "+accounts+" VALUES (1, 0, 0)")
+	// The write of the example in idem.FenceFromContext's documentation.
+	write := func(ctx context.Context, balance int) (bool, error) {
+		fence, ok := idem.FenceFromContext(ctx)
+		if !ok {
+			return false, errors.New("no fence")
+		}
+		tag, err := f.pool.Exec(ctx, "UPDATE "+accounts+" SET balance = $1, fence = $2 WHERE id = 1 AND fence <= $2", balance, fence)
+		return tag.RowsAffected() == 1, err
+	}
+	cfg := &idem.Config{Lease: time.Hour, TTL: 24 * time.Hour}
+	stale, _ := idem.NewExecutor(f.store, cfg)
+	successor, _ := idem.NewExecutor(f.store, cfg)
+	p := idem.DoParams{Scope: "s", Key: "k", Fingerprint: "v1:x"}
+	inside, proceed := make(chan struct{}), make(chan struct{})
+	accepted := make(chan bool, 1)
+	go func() {
+		_, _ = stale.Do(context.Background(), p, func(ctx context.Context) (*idem.Response, error) {
+			close(inside)
+			<-proceed
+			ok, err := write(ctx, 100)
+			accepted <- ok && err == nil
+			return &idem.Response{StatusCode: 200}, err
+		})
+	}()
+	<-inside
+	f.exec(t, "UPDATE "+f.table+" SET lease_expires_at = statement_timestamp() - interval '1 second'")
+	res, err := successor.Do(t.Context(), p, func(ctx context.Context) (*idem.Response, error) {
+		ok, err := write(ctx, 200)
+		if err == nil && !ok {
+			err = errors.New("the successor's write was refused")
+		}
+		return &idem.Response{StatusCode: 200}, err
+	})
+	if err != nil || !res.TookOver {
+		t.Fatalf("successor: %v, took over %v", err, res != nil && res.TookOver)
+	}
+	close(proceed)
+	if <-accepted {
+		t.Error("the stale owner's write was accepted")
+	}
+	var balance int
+	if err := f.pool.QueryRow(context.Background(), "SELECT balance FROM "+accounts+" WHERE id = 1").Scan(&balance); err != nil || balance != 200 {
+		t.Errorf("balance = %d (%v), want the successor's 200", balance, err)
+	}
+}
