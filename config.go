@@ -209,8 +209,8 @@ type Config struct {
 
 	// ReplayDenyHeaders are response header fields that are never stored
 	// or replayed, in addition to the hop-by-hop fields and Date, which
-	// never are. Middleware only. Defaults to Set-Cookie; set an empty,
-	// non-nil slice to store every other field.
+	// never are. Middleware only. Defaults to Set-Cookie and Set-Cookie2;
+	// set an empty, non-nil slice to store every other field.
 	ReplayDenyHeaders []string
 
 	// FailOpen runs the handler without protection when the store cannot
@@ -298,7 +298,7 @@ func (c *Config) resolve() (Config, error) {
 		return r, errors.New("idem: MaxResponseBody is negative")
 	}
 	if r.ReplayDenyHeaders == nil {
-		r.ReplayDenyHeaders = []string{"Set-Cookie"}
+		r.ReplayDenyHeaders = []string{"Set-Cookie", "Set-Cookie2"}
 	}
 	if r.ErrorFunc == nil {
 		r.ErrorFunc = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }

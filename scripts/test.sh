@@ -33,7 +33,8 @@ go test -race -count=1 -timeout 15m github.com/idemhq/idem/...
 fuzztime=${FUZZTIME:-10s}
 if [[ "$fuzztime" != 0 ]]; then
 	# Every parser: the key, canonical JSON, stored responses, the proxy's
-	# configuration file, Retry-After in the client, the payment request.
+	# configuration file, Retry-After in the client, the payment request, the
+	# --store value, the header search behind the proxy's Connection handling.
 	while read -r pkg target; do
 		step "fuzz $target ($fuzztime)"
 		go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" "$pkg" </dev/null
@@ -45,6 +46,8 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzParseFile
 		github.com/idemhq/idem/idemclient FuzzRetryAfter
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidate
+		github.com/idemhq/idem/cmd/idem/internal/backend FuzzKindOf
+		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzDroppedConnection
 	EOF
 fi
 

@@ -42,12 +42,18 @@ type server struct {
 // reports a data race or a graceful stop ends with a non-zero status.
 func startServer(t *testing.T, name string, args ...string) *server {
 	t.Helper()
-	return startIdem(t, name, nil, append([]string{"serve", "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
+	return startCommand(t, name, "serve", args...)
+}
+
+// startCommand is startServer for `idem serve` or `idem proxy`.
+func startCommand(t *testing.T, name, command string, args ...string) *server {
+	t.Helper()
+	return startIdem(t, name, nil, append([]string{command, "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
 }
 
 // startIdem runs the idem binary with args (a subcommand that logs JSON and
-// announces its address, serve or provider) and env added to the test's
-// environment, as startServer describes.
+// announces its address: serve, proxy or provider) and env added to the
+// test's environment, as startServer describes.
 func startIdem(t *testing.T, name string, env []string, args ...string) *server {
 	t.Helper()
 	began := time.Now()
@@ -178,7 +184,7 @@ func (s *server) mustMetric(t *testing.T, name string) float64 {
 const maxLogBytes = 8 << 20
 
 // serverLog collects a process's output and announces the address of its
-// JSON line {"msg":"idem serve listening","addr":"..."}.
+// JSON line {"msg":"idem serve listening","addr":"..."} (or idem proxy's).
 type serverLog struct {
 	listening chan string // receives the address once
 
@@ -207,7 +213,8 @@ func (l *serverLog) Write(p []byte) (int, error) {
 		}
 		l.scanned += i + 1
 		var line struct{ Msg, Addr string }
-		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem provider listening") && line.Addr != "" {
+		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem proxy listening" ||
+			line.Msg == "idem provider listening") && line.Addr != "" {
 			l.found = true
 			l.listening <- line.Addr
 		}

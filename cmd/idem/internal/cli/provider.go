@@ -26,7 +26,7 @@ GET /healthz.`
 const defaultProviderCleanup = time.Minute
 
 func runProvider(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("provider", providerAbout, stderr)
+	f := newFlags("provider", providerAbout, stdout, stderr)
 	addr := f.String("addr", "127.0.0.1:8081", "address to listen on (host:port; port 0 picks a free port)")
 	db := f.String("db", "provider.db", "the SQLite file holding the charges and their idempotency records")
 	failRate := f.Float64("fail-rate", 0, "fraction of charges answered 503 before anything is charged (0 to 1)")
@@ -68,7 +68,7 @@ func runProvider(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	logger.Info("idem provider listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
 		"db", *db, "fail_rate", *failRate, "drop_rate", *dropRate, "delay", *delay)
 	go cleanupLoop(ctx, store, defaultProviderCleanup, logger)
-	if err := serveHTTP(ctx, ln, p.Handler(), logger, *delay); err != nil {
+	if err := serveHTTP(ctx, ln, p.Handler(), logger, *delay, defaultShutdownTimeout); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}

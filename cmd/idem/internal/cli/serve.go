@@ -29,7 +29,7 @@ Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
 GET /healthz, GET /metrics (Prometheus).`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("serve", serveAbout, stderr)
+	f := newFlags("serve", serveAbout, stdout, stderr)
 	sf := f.serverFlags()
 	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, or a postgres:// URL")
 	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
@@ -51,7 +51,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		name      string
 		d         time.Duration
 		allowZero bool
-	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}} {
+	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}, {"shutdown-timeout", *sf.shutdown, false}, {"store-timeout", *sf.storeTimeout, false}} {
 		if err := positiveDuration(c.name, c.d, c.allowZero); err != nil {
 			return f.usageError("%v", err)
 		}
@@ -59,11 +59,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *lease < idem.MinLease {
 		return f.usageError("--lease must be at least %v", idem.MinLease)
 	}
+	for _, c := range []struct {
+		name string
+		d    time.Duration
+	}{{"lease", *lease}, {"ttl", *ttl}, {"wait", *sf.wait}, {"store-timeout", *sf.storeTimeout}} {
+		if c.d > idem.MaxTTL {
+			return f.usageError("--%s %v is longer than the maximum %v (10 years, idem.MaxTTL): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
+		}
+	}
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
 	}
-	if k := backend.KindOf(*db); k != backend.SQLite && k != backend.Postgres {
+	if k, err := backend.KindOf(*db); err != nil {
+		return f.usageError("--db: %v", err)
+	} else if k != backend.SQLite && k != backend.Postgres {
 		return f.usageError("--db must be a SQLite file path or a postgres:// URL (records can go to Redis with --store)")
+	}
+	if *storeSpec != "" {
+		if _, err := backend.KindOf(*storeSpec); err != nil {
+			return f.usageError("--store: %v", err)
+		}
 	}
 
 	// Payments and records in one PostgreSQL database: the payment's
@@ -78,14 +93,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot open the database", "db", *db, "error", err)
 		return exitError
 	}
-	defer dbStore.Close()
+	defer closeStore(dbStore, logger)
 	records := dbStore
 	if !sameDB {
 		if records, err = backend.Open(ctx, *storeSpec); err != nil {
 			logger.Error("cannot open the records store", "store", *storeSpec, "error", err)
 			return exitError
 		}
-		defer records.Close()
+		defer closeStore(records, logger)
 	}
 	var repo payments.Repo
 	if dbStore.SQLite != nil {
@@ -119,15 +134,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	m := metrics.New()
 	idemCfg := &idem.Config{
-		Lease:           *lease,
-		TTL:             *ttl,
-		Wait:            *sf.wait,
-		TenantFunc:      payments.Tenant,
-		FingerprintFunc: payments.Fingerprint,
-		MaxRequestBody:  payments.MaxBody,
-		Observer:        m,
-		Logger:          logger,
-		DeriveKeySecret: secret,
+		Lease:        *lease,
+		TTL:          *ttl,
+		StoreTimeout: *sf.storeTimeout,
+		// Set-Cookie2 is Set-Cookie's obsolete twin: neither is replayed.
+		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
+		Wait:              *sf.wait,
+		TenantFunc:        payments.Tenant,
+		FingerprintFunc:   payments.Fingerprint,
+		MaxRequestBody:    payments.MaxBody,
+		Observer:          m,
+		Logger:            logger,
+		DeriveKeySecret:   secret,
 	}
 	mw, err := idem.NewMiddleware(mwStore, idemCfg)
 	if err != nil {
@@ -174,7 +192,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer stopCleanup()
 	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay, *sf.shutdown); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}
