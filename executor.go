@@ -48,6 +48,7 @@ type Executor struct {
 	store   Store
 	txStore TxStore
 	watcher Watcher
+	phases  PhaseObserver // Config.Observer, if it traces phases
 	cfg     Config
 
 	// Owner tokens are a random prefix, drawn once per Executor, and a
@@ -75,6 +76,7 @@ func NewExecutor(store Store, cfg *Config) (*Executor, error) {
 	}
 	e := &Executor{store: store, cfg: rc, tokenPrefix: crand.Text() + "-"}
 	e.txStore, _ = store.(TxStore)
+	e.phases, _ = rc.Observer.(PhaseObserver)
 	e.watcher, _ = store.(Watcher)
 	return e, nil
 }
@@ -142,7 +144,9 @@ type Operation func(ctx context.Context) (*Response, error)
 // is. If op panics, the key is released and the panic continues, with op's
 // own stack. A lost lease yields ErrLeaseLost and discards op's result;
 // store failures (including a store call that outlives Config.StoreTimeout)
-// yield errors wrapping ErrStoreUnavailable.
+// yield errors wrapping ErrStoreUnavailable. With Config.Encryption, a
+// completed record whose response cannot be decrypted yields
+// ErrRecordUnreadable, and op does not run.
 func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, error) {
 	return e.do(ctx, p, op, e.cfg.NowFunc())
 }
@@ -151,9 +155,12 @@ func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, e
 // from.
 func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time) (*Result, error) {
 	res := &Result{}
+	// With EncryptionConfig.HashKey the stores see digests, never the
+	// client's values; p keeps them for the operation and the logs.
+	storedScope, storedKey := e.cfg.Encryption.StoredKey(p.Scope, p.Key)
 	cp := ClaimParams{
-		Scope:       p.Scope,
-		Key:         p.Key,
+		Scope:       storedScope,
+		Key:         storedKey,
 		Fingerprint: p.Fingerprint,
 		Token:       e.newToken(),
 		Lease:       e.cfg.Lease,
@@ -168,7 +175,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 	}()
 	for {
 		cp.Now = e.cfg.NowFunc()
-		cr, err := e.claim(ctx, cp)
+		cr, err := e.claim(ctx, &p, cp)
 		if err != nil {
 			return res, e.storeFailure(ctx, p, start, "claim", err)
 		}
@@ -203,7 +210,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 				w = e.newWaiter()
 			}
 			res.Waited = true
-			if err := w.wait(ctx, p.Scope, p.Key); err != nil {
+			if err := w.wait(ctx, cp.Scope, cp.Key); err != nil {
 				if errors.Is(err, ErrInFlight) {
 					e.emit(ctx, Event{Kind: EventInFlight, Operation: p.Operation, Status: 409, Code: CodeRequestInProgress, Waited: true}, start)
 				}
@@ -221,22 +228,31 @@ func (e *Executor) replay(ctx context.Context, p DoParams, resp *Response, res *
 	if resp == nil {
 		return e.storeFailure(ctx, p, start, "claim", errors.New("completed record without a response"))
 	}
+	resp, err := e.cfg.Encryption.Open(ctx, p.Scope, p.Key, resp)
+	if err != nil {
+		return e.unreadable(ctx, p, start, err)
+	}
 	if resp.Unreplayable {
 		res.Response = &Response{StatusCode: resp.StatusCode}
 		e.emit(ctx, Event{Kind: EventUnavailable, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
 		return ErrResponseUnavailable
 	}
+	_, end := e.phase(ctx, PhaseReplay, &p)
 	res.Response, res.Replayed = resp, true
+	end(nil)
 	e.emit(ctx, Event{Kind: EventReplayed, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
 	return nil
 }
 
 // claim calls Store.Claim within StoreTimeout: a store that stops answering
 // must not hold the request for as long as the client waits.
-func (e *Executor) claim(ctx context.Context, cp ClaimParams) (ClaimResult, error) {
+func (e *Executor) claim(ctx context.Context, p *DoParams, cp ClaimParams) (ClaimResult, error) {
+	ctx, end := e.phase(ctx, PhaseClaim, p)
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
 	defer cancel()
-	return e.store.Claim(ctx, cp)
+	cr, err := e.store.Claim(ctx, cp)
+	end(err)
+	return cr, err
 }
 
 func (e *Executor) storeFailure(ctx context.Context, p DoParams, start time.Time, op string, err error) error {
@@ -305,13 +321,16 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	// If op panics, the deferred function records the outcome (the key is
 	// released) and the panic then continues from op's own frame.
 	returned := false
+	opCtx, end := e.phase(opCtx, PhaseExecute, &x.p)
 	defer func() {
 		if !returned {
+			end(errPanicked)
 			e.record(detached, x, nil, errPanicked)
 		}
 	}()
 	resp, opErr := op(context.WithValue(opCtx, execKey{}, x))
 	returned = true
+	end(opErr)
 	err := e.record(detached, x, resp, opErr)
 	res.Suspended = x.steps.suspended
 	if err != nil {
@@ -365,7 +384,9 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 
 	cp := CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
 	if tx != nil {
-		err := e.completeTx(ctx, tx, cp)
+		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
+		err := e.completeTx(pctx, tx, cp, x.p)
+		end(err)
 		if errors.Is(err, ErrLeaseLost) {
 			e.rollback(ctx, tx)
 			return e.leaseLost(ctx, x, err)
@@ -377,9 +398,11 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 			return e.storeFailure(ctx, x.p, x.start, "complete", err)
 		}
 	} else {
-		sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-		err := completeWith(sctx, e.store.Complete, cp)
+		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
+		sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
+		err := e.completeWith(sctx, e.store.Complete, cp, x.p)
 		cancel()
+		end(err)
 		if errors.Is(err, ErrLeaseLost) {
 			return e.leaseLost(ctx, x, err)
 		}
@@ -399,9 +422,9 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 
 // completeTx completes the record inside the operation's transaction and
 // commits both, each call within StoreTimeout.
-func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams) error {
+func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams, dp DoParams) error {
 	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-	err := completeWith(sctx, tx.Complete, p)
+	err := e.completeWith(sctx, tx.Complete, p, dp)
 	cancel()
 	if err != nil {
 		return err
@@ -419,11 +442,13 @@ func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error 
 	if tx != nil {
 		e.rollback(ctx, tx)
 	}
-	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	pctx, end := e.phase(ctx, PhaseRelease, &x.p)
+	sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
 	defer cancel()
 	p := x.ids
 	p.Now = e.cfg.NowFunc()
 	err := e.store.Release(sctx, p)
+	end(err)
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: release failed; the key stays blocked until its lease expires",
 			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
@@ -443,10 +468,20 @@ func (e *Executor) rollback(ctx context.Context, tx StoreTx) {
 // completeWith completes a record and, if the store cannot hold the
 // response, completes it as unreplayable instead: too big to store must
 // never mean "run it again".
-func completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams) error {
-	err := complete(ctx, p)
-	if errors.Is(err, ErrResponseTooLarge) && !p.Response.Unreplayable {
-		p.Response = &Response{StatusCode: p.Response.StatusCode, Unreplayable: true}
+//
+// With Config.Encryption the store receives the sealed response, bound to
+// the record's (scope, key) as the client named them (dp).
+func (e *Executor) completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams, dp DoParams) error {
+	resp := p.Response
+	var err error
+	if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, resp); err != nil {
+		return err
+	}
+	err = complete(ctx, p)
+	if errors.Is(err, ErrResponseTooLarge) && !resp.Unreplayable {
+		if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, &Response{StatusCode: resp.StatusCode, Unreplayable: true}); err != nil {
+			return err
+		}
 		err = complete(ctx, p)
 	}
 	return err

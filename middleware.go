@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -21,6 +22,8 @@ type Middleware struct {
 	cfg  *Config
 	// deny holds the canonical names of the header fields never stored.
 	deny map[string]bool
+	// fields is Config.FingerprintInclude/Exclude, parsed; nil without.
+	fields *fieldSelection
 }
 
 // NewMiddleware returns a Middleware that keeps its records in store. A nil
@@ -32,10 +35,13 @@ func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{exec: exec, cfg: &exec.cfg, deny: map[string]bool{}}
+	if m.fields, err = newFieldSelection(m.cfg.FingerprintInclude, m.cfg.FingerprintExclude); err != nil {
+		return nil, err
+	}
 	for _, h := range hopByHop {
 		m.deny[h] = true
 	}
-	for _, h := range []string{"Date", HeaderKey, HeaderReplayed, HeaderExpiresAt} {
+	for _, h := range []string{"Date", HeaderKey, m.cfg.KeyHeader, HeaderReplayed, HeaderExpiresAt} {
 		m.deny[h] = true
 	}
 	for _, h := range m.cfg.ReplayDenyHeaders {
@@ -70,7 +76,7 @@ func (m *Middleware) protects(r *http.Request) bool {
 	case KeyRequired:
 		return true
 	case KeyOptional:
-		return len(r.Header[HeaderKey]) > 0
+		return len(r.Header[m.cfg.KeyHeader]) > 0
 	}
 	return false
 }
@@ -87,7 +93,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	p, problem := m.prepare(w, r)
 	if problem != nil {
 		m.exec.emit(r.Context(), Event{Kind: EventRejected, Operation: p.Operation, Status: problem.Status, Code: problem.Code}, start)
-		m.cfg.ErrorFunc(w, r, problem)
+		m.writeProblem(w, r, problem)
 		return
 	}
 	// rec is set when the handler runs.
@@ -109,11 +115,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // Once the key is valid it is echoed on the response.
 func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request) (DoParams, *Problem) {
 	p := DoParams{Operation: m.operation(r)}
-	values := r.Header[HeaderKey]
+	kh := m.cfg.KeyHeader
+	values := r.Header[kh]
 	key, err := ParseKey(values)
 	if errors.Is(err, ErrKeyMissing) {
-		return p, newProblem(http.StatusBadRequest, CodeKeyMissing, "Idempotency-Key header is required",
-			"This operation requires an Idempotency-Key header; send a unique value (such as a UUID) and reuse it on every retry of the same request.")
+		return p, newProblem(http.StatusBadRequest, CodeKeyMissing, kh+" header is required",
+			"This operation requires an "+kh+" header; send a unique value (such as a UUID) and reuse it on every retry of the same request.")
 	}
 	if err == nil && m.cfg.ValidateKeyFunc != nil {
 		if verr := m.cfg.ValidateKeyFunc(key); verr != nil {
@@ -121,13 +128,13 @@ func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request) (DoParams, 
 		}
 	}
 	if err != nil {
-		return p, newProblem(http.StatusBadRequest, CodeKeyInvalid, "Idempotency-Key header is invalid", err.Error())
+		return p, newProblem(http.StatusBadRequest, CodeKeyInvalid, kh+" header is invalid", err.Error())
 	}
 	echo := values[0]
 	if len(echo) != len(key)+2 || echo[0] != '"' {
 		echo = FormatKey(key) // not in the canonical quoted form as received
 	}
-	w.Header()[HeaderKey] = []string{echo}
+	w.Header()[kh] = []string{echo}
 	p.Key = key
 
 	body, problem := m.readBody(r)
@@ -180,8 +187,18 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, next http.Ha
 		if p == nil {
 			p = newProblem(http.StatusInternalServerError, "idempotency.internal_error", "Internal error", "")
 		}
-		m.cfg.ErrorFunc(w, r, p)
+		m.writeProblem(w, r, p)
 	}
+}
+
+// writeProblem writes one of idem's error responses with ErrorFunc. A problem
+// with one of idem's codes and no Type of its own gets the type URI of its
+// code under Config.ProblemBaseURL.
+func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
+	if p.Type == "" && strings.HasPrefix(p.Code, "idempotency.") {
+		p.Type = m.cfg.ProblemBaseURL + p.Code
+	}
+	m.cfg.ErrorFunc(w, r, p)
 }
 
 // problemFor returns the problem that answers an error of Executor.Do, or
@@ -208,6 +225,11 @@ func (m *Middleware) problemFor(err error, res *Result) *Problem {
 		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeLeaseLost,
 			Title:      "The request lost its claim on the Idempotency-Key",
 			Detail:     "Another attempt took over this key while the request ran; its result was discarded. Retry with the same key to receive the outcome.",
+			RetryAfter: retryAfter}
+	case errors.Is(err, ErrRecordUnreadable):
+		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable,
+			Title:      "The stored response for this Idempotency-Key cannot be read",
+			Detail:     "The request was already executed, but its stored response cannot be decrypted here. It will not be executed again with this key; retry later.",
 			RetryAfter: retryAfter}
 	case errors.Is(err, ErrStoreUnavailable):
 		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
@@ -294,6 +316,20 @@ func (m *Middleware) fingerprint(r *http.Request, op string, body []byte) (strin
 		}
 		if payload != nil {
 			in.Body, in.Payload = payload, true
+		}
+	}
+	if m.fields != nil && !in.Payload && len(body) > 0 {
+		if _, isJSON := normaliseMediaType(in.ContentType); isJSON {
+			// The canonicaliser checks the body first: it is stricter
+			// than encoding/json, which selects the fields.
+			if _, err := AppendCanonicalJSON(nil, body); err != nil {
+				return "", nil, err
+			}
+			selected, err := m.fields.apply(body)
+			if err != nil {
+				return "", nil, err
+			}
+			in.Body = selected
 		}
 	}
 	fp, err := Fingerprint(in)

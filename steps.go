@@ -357,12 +357,19 @@ type ReconcileResult struct {
 // (ErrInFlight) is left to it. Run Reconcile periodically, from one or many
 // instances: the claims keep each operation to one runner at a time.
 //
-// It returns ErrStepsUnsupported if the store is not a StepStore.
+// It returns ErrStepsUnsupported if the store is not a StepStore, and with
+// EncryptionConfig.HashKey, whose records do not hold the client's key.
 func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func(ctx context.Context, rec StuckRecord) (Operation, error)) (ReconcileResult, error) {
 	var res ReconcileResult
 	ss, ok := e.store.(StepStore)
 	if !ok {
 		return res, ErrStepsUnsupported
+	}
+	if e.cfg.Encryption != nil && e.cfg.Encryption.hashKey != nil {
+		// The records hold digests of the scope and key: the client's key,
+		// which DeriveKey and the sealed response need, is not stored.
+		// Clients' retries still resume their operations.
+		return res, fmt.Errorf("%w: Reconcile cannot resume records whose names are hashed (EncryptionConfig.HashKey)", ErrStepsUnsupported)
 	}
 	if p.Limit <= 0 {
 		p.Limit = 100

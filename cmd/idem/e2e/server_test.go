@@ -45,15 +45,16 @@ func startServer(t *testing.T, name string, args ...string) *server {
 	return startCommand(t, name, "serve", args...)
 }
 
-// startCommand is startServer for `idem serve` or `idem proxy`.
+// startCommand is startServer for any idem command that logs
+// "idem COMMAND listening" (serve, proxy, consume).
 func startCommand(t *testing.T, name, command string, args ...string) *server {
 	t.Helper()
 	return startIdem(t, name, nil, append([]string{command, "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
 }
 
 // startIdem runs the idem binary with args (a subcommand that logs JSON and
-// announces its address: serve, proxy or provider) and env added to the
-// test's environment, as startServer describes.
+// announces its address: serve, proxy, consume or provider) and env added
+// to the test's environment, as startServer describes.
 func startIdem(t *testing.T, name string, env []string, args ...string) *server {
 	t.Helper()
 	began := time.Now()
@@ -213,8 +214,8 @@ func (l *serverLog) Write(p []byte) (int, error) {
 		}
 		l.scanned += i + 1
 		var line struct{ Msg, Addr string }
-		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem proxy listening" ||
-			line.Msg == "idem provider listening") && line.Addr != "" {
+		if json.Unmarshal(rest[:i], &line) == nil && line.Addr != "" && (line.Msg == "idem serve listening" ||
+			line.Msg == "idem proxy listening" || line.Msg == "idem consume listening" || line.Msg == "idem provider listening") {
 			l.found = true
 			l.listening <- line.Addr
 		}

@@ -51,6 +51,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a record and its response are kept; retries within it replay")
 	upstreamTimeout := f.Duration("upstream-timeout", proxy.DefaultUpstreamTimeout, "how long the upstream may take to answer (the whole exchange for\nprotected requests, the response header for others); then 504 and\nthe key is released")
 	scopeHeader := f.String("scope-header", proxy.DefaultScopeHeader, "request header whose SHA-256 scopes records (one client's keys\nnever meet another's; a protected request without it gets 400\nproxy.scope_missing); none: one key space for every client")
+	encKeys := f.encryptionFlag()
 	maxRequest := proxy.SizeFlag(idem.DefaultMaxRequestBody)
 	f.Var(&maxRequest, "max-request-body", "largest body of a protected request (413 above it); units KiB, MiB,\nKB, MB...")
 	maxResponse := proxy.SizeFlag(idem.DefaultMaxResponseBody)
@@ -111,6 +112,12 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 
+	enc, encAttr, err := loadEncryption(*encKeys)
+	if err != nil {
+		fmt.Fprintf(stderr, "idem proxy: --encryption-keys: %v\n", err)
+		return exitError
+	}
+
 	store, err := backend.Open(ctx, *storeSpec)
 	if err != nil {
 		logger.Error("cannot open the store", "store", *storeSpec, "error", err)
@@ -119,7 +126,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer closeStore(store, logger)
 
 	m := metrics.New()
-	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger, StoreTimeout: *sf.storeTimeout}
+	tel, err := startTelemetry(ctx, "idem-proxy", string(store.Kind), logger)
+	if err != nil {
+		logger.Error("cannot set up OpenTelemetry export", "error", err)
+		return exitError
+	}
+	defer tel.close(logger)
+	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger, StoreTimeout: *sf.storeTimeout,
+		Observer: tel.observer(nil), ProblemBaseURL: *sf.problemBaseURL, Encryption: enc}
 	if file != nil {
 		cfg.Routes = file.ProxyRoutes()
 	}
@@ -170,7 +184,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	attrs := []any{"addr", ln.Addr().String(), "url", "http://" + ln.Addr().String(),
 		"upstream", upstream.Redacted(), "store", store.Where, "admin", adminWhere,
 		"config", *configPath, "routes", routes,
-		"lease", *lease, "ttl", *ttl, "wait", *sf.wait, "upstream_timeout", *upstreamTimeout, "scope_header", cmp.Or(base.ScopeHeader, proxy.NoScope)}
+		"lease", *lease, "ttl", *ttl, "wait", *sf.wait, "upstream_timeout", *upstreamTimeout, "scope_header", cmp.Or(base.ScopeHeader, proxy.NoScope), encAttr}
 	if adminLn != nil {
 		attrs = append(attrs, "admin_addr", adminLn.Addr().String())
 	}
@@ -197,7 +211,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, handler), logger, px.MaxHandlerTime(), *sf.shutdown)
+	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime(), *sf.shutdown)
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {

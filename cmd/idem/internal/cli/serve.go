@@ -35,7 +35,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
+	encKeys := f.encryptionFlag()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
+	ef := f.eventsFlags()
 	pf := f.providerFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
@@ -70,6 +72,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
 	}
+	enc, encAttr, err := loadEncryption(*encKeys)
+	if err != nil {
+		fmt.Fprintf(stderr, "idem serve: --encryption-keys: %v\n", err)
+		return exitError
+	}
 	if k, err := backend.KindOf(*db); err != nil {
 		return f.usageError("--db: %v", err)
 	} else if k != backend.SQLite && k != backend.Postgres {
@@ -85,6 +92,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// transaction commits synchronously after the claim and flushes it, so
 	// the claim need not wait for its own flush.
 	sameDB := *storeSpec == "" || *storeSpec == *db
+	if err := ef.check(sameDB); err != nil {
+		return f.usageError("%v", err)
+	}
 	if err := pf.check(sameDB); err != nil {
 		return f.usageError("%v", err)
 	}
@@ -103,6 +113,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer closeStore(records, logger)
 	}
 	var repo payments.Repo
+	var waitEvents func()
 	if dbStore.SQLite != nil {
 		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
 	} else {
@@ -133,6 +144,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 	m := metrics.New()
+	tel, err := startTelemetry(ctx, "idem-serve", string(records.Kind), logger)
+	if err != nil {
+		logger.Error("cannot set up OpenTelemetry export", "error", err)
+		return exitError
+	}
+	defer tel.close(logger)
 	idemCfg := &idem.Config{
 		Lease:        *lease,
 		TTL:          *ttl,
@@ -140,18 +157,29 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		// Set-Cookie2 is Set-Cookie's obsolete twin: neither is replayed.
 		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
 		Wait:              *sf.wait,
+		ProblemBaseURL:    *sf.problemBaseURL,
 		TenantFunc:        payments.Tenant,
 		FingerprintFunc:   payments.Fingerprint,
 		MaxRequestBody:    payments.MaxBody,
-		Observer:          m,
+		Observer:          tel.observer(m),
 		Logger:            logger,
+		Encryption:        enc,
 		DeriveKeySecret:   secret,
 	}
 	mw, err := idem.NewMiddleware(mwStore, idemCfg)
 	if err != nil {
 		return f.usageError("%v", err)
 	}
-	svc := &payments.Service{Repo: repo, OpDelay: *opDelay}
+	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
+	evctx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	if svc.OnCreateFunc, waitEvents, err = ef.start(evctx, dbStore, *db, logger); err != nil {
+		logger.Error("cannot set up the events", "error", err)
+		return exitError
+	}
+	// The dispatcher stops after the last request, before the database
+	// closes; a message it publishes but cannot mark is published again.
+	defer func() { stopEvents(); waitEvents() }()
 	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
 	if psvc != nil {
 		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
@@ -163,11 +191,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer stopReconcile()
 		go reconcileLoop(rctx, exec, psvc, *pf.reconcile, logger)
 	}
-	mux := http.NewServeMux()
 	postHandler := mw.Handle(m.InFlight(create))
 	if psvc != nil {
 		postHandler = crashAfterCapture(postHandler, psvc)
 	}
+	mux := http.NewServeMux()
 	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", postHandler))
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", count))
 	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", get))
@@ -186,13 +214,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		where = fmt.Sprintf("payments and idempotency records in %s, committed in one transaction", dbStore.Where)
 	}
 	logger.Info("idem serve listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
-		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, "provider", *pf.url)
+		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, encAttr, "provider", *pf.url)
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay, *sf.shutdown); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, tel.handler(mux, "idem serve")), logger, *opDelay, *sf.shutdown); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}

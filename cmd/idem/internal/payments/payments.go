@@ -84,6 +84,17 @@ type Service struct {
 	OpDelay time.Duration
 	// NowFunc is the clock for createdAt. Defaults to time.Now.
 	NowFunc func() time.Time
+	// OnCreateFunc, if set, runs after a payment is written, with the
+	// same context: inside the idempotent execution, so that what it
+	// writes (the payment.created event in the outbox) commits in the
+	// payment's transaction, or not at all. An error fails the payment
+	// (503) and rolls everything back.
+	OnCreateFunc func(ctx context.Context, p Payment, tenant string) error
+	// FailReference, if set, makes payments with this reference fail
+	// (500) after their rows were written, so that demos and tests can
+	// show that a failed payment leaves nothing behind: no payment, no
+	// event, and the key free for a retry.
+	FailReference string
 }
 
 // DBTimeout bounds each call to the payments database, so that a database
@@ -295,6 +306,9 @@ func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
 	}
 	ictx, cancel := context.WithTimeout(ctx, DBTimeout)
 	pay, err = s.Repo.Insert(ictx, pay)
+	if err == nil && s.OnCreateFunc != nil {
+		err = s.OnCreateFunc(ictx, pay, tenant)
+	}
 	cancel()
 	var rejected *RejectedError
 	switch {
@@ -305,6 +319,11 @@ func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
 		return
 	case err != nil:
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.")
+		return
+	}
+	if s.FailReference != "" && pay.Reference == s.FailReference {
+		writeProblem(w, http.StatusInternalServerError, "payment.failed", "The payment failed",
+			"This reference is configured to fail after the payment was written (--fail-reference); nothing was kept.")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
