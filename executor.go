@@ -120,6 +120,10 @@ type Result struct {
 	TookOver bool
 	// Waited reports that the call waited for an in-flight attempt.
 	Waited bool
+	// Suspended reports that the operation ended without a stored outcome
+	// after saving a recovery point (see Step): the record stays in flight
+	// and the next attempt with the key resumes after that point.
+	Suspended bool
 }
 
 // Operation is the work Executor.Do runs at most once. Its context carries
@@ -276,6 +280,7 @@ type execution struct {
 	info     RequestInfo // what InfoFromContext returns
 	tx       *txHolder   // nil unless the store is a TxStore
 	rn       renewer
+	steps    stepRun // the recovery points of a multi-step operation (steps.go)
 }
 
 // execKey is the context key of the *execution an operation runs in.
@@ -302,11 +307,13 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 		ids:      ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token},
 		start:    start,
 		tookOver: cr.TookOver,
-		info:     RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload},
+		info: RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload,
+			Fence: cr.Record.Fence},
 	}
 	if e.txStore != nil {
 		x.tx = &txHolder{store: e.txStore, ctx: detached, timeout: e.cfg.StoreTimeout}
 	}
+	x.steps.init(e, cp, x.tx, cr.Record.Checkpoint)
 	opCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	e.startRenewer(&x.rn, detached, x, cp, cancel)
@@ -324,11 +331,13 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	resp, opErr := op(context.WithValue(opCtx, execKey{}, x))
 	returned = true
 	end(opErr)
-	if err := e.record(detached, x, resp, opErr); err != nil {
+	err := e.record(detached, x, resp, opErr)
+	res.Suspended = x.steps.suspended
+	if err != nil {
 		return res, err
 	}
 	res.Response = resp
-	res.Released = opErr == nil && e.releases(resp)
+	res.Released = opErr == nil && e.releases(resp) && !res.Suspended
 	return res, nil
 }
 
@@ -357,10 +366,15 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		return e.leaseLost(ctx, x, ErrLeaseLost)
 	}
 	if opErr != nil || e.releases(resp) {
-		if err := e.release(ctx, x, tx); errors.Is(err, ErrLeaseLost) {
+		// After a recovery point the record is kept for the next attempt
+		// instead (steps.go).
+		if err := e.releaseOrSuspend(ctx, x, tx); errors.Is(err, ErrLeaseLost) {
 			return e.leaseLost(ctx, x, err)
 		}
 		ev := Event{Kind: EventReleased, Operation: x.p.Operation, TookOver: x.tookOver, Err: opErr}
+		if x.steps.suspended {
+			ev.Kind = EventSuspended
+		}
 		if resp != nil {
 			ev.Status = resp.StatusCode
 		}
@@ -378,8 +392,9 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 			return e.leaseLost(ctx, x, err)
 		}
 		if err != nil {
-			// Nothing was committed: free the key for a retry.
-			_ = e.release(ctx, x, tx)
+			// Nothing was committed: free the key for a retry (or keep it
+			// at its recovery point).
+			_ = e.releaseOrSuspend(ctx, x, tx)
 			return e.storeFailure(ctx, x.p, x.start, "complete", err)
 		}
 	} else {

@@ -164,6 +164,9 @@ func parseClaim(v []any) (idem.ClaimResult, error) {
 	switch outcome {
 	case claimAcquired:
 		r.Outcome = idem.ClaimAcquired
+		if len(v) > 5 {
+			r.Record.Fence, _ = v[5].(int64)
+		}
 	case claimInFlight:
 		r.Outcome = idem.ClaimInFlight
 	case claimMismatch:

@@ -20,6 +20,11 @@ duplicate of a running request gets 409, a reused key with another payload
 gets 422. By default payments and idempotency records live in one SQLite file
 and commit in one transaction; nothing else needs to be installed.
 
+With --provider URL (see idem provider), each payment is made in three steps
+that survive crashes: a pending payment, a charge at the provider with a key
+derived from the client's key, then captured; a charge that cannot be made in
+--provider-budget answers 503 idempotency.step_incomplete and the retry resumes.
+
 Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
 GET /healthz, GET /metrics (Prometheus).`
 
@@ -33,6 +38,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	encKeys := f.encryptionFlag()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
 	ef := f.eventsFlags()
+	pf := f.providerFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -89,6 +95,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := ef.check(sameDB); err != nil {
 		return f.usageError("%v", err)
 	}
+	if err := pf.check(sameDB); err != nil {
+		return f.usageError("%v", err)
+	}
 	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB})
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
@@ -126,6 +135,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !sameDB {
 		mwStore = withoutTx(mwStore)
 	}
+	var psvc *payments.ProviderService
+	var secret []byte
+	if *pf.url != "" {
+		if psvc, secret, err = setupProvider(ctx, pf, repo, logger); err != nil {
+			logger.Error("cannot prepare the provider mode", "error", err)
+			return exitError
+		}
+	}
 	m := metrics.New()
 	tel, err := startTelemetry(ctx, "idem-serve", string(records.Kind), logger)
 	if err != nil {
@@ -133,7 +150,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitError
 	}
 	defer tel.close(logger)
-	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
+	idemCfg := &idem.Config{
 		Lease:        *lease,
 		TTL:          *ttl,
 		StoreTimeout: *sf.storeTimeout,
@@ -147,7 +164,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Observer:          tel.observer(m),
 		Logger:            logger,
 		Encryption:        enc,
-	})
+		DeriveKeySecret:   secret,
+	}
+	mw, err := idem.NewMiddleware(mwStore, idemCfg)
 	if err != nil {
 		return f.usageError("%v", err)
 	}
@@ -161,10 +180,25 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// The dispatcher stops after the last request, before the database
 	// closes; a message it publishes but cannot mark is published again.
 	defer func() { stopEvents(); waitEvents() }()
+	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
+	if psvc != nil {
+		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
+		exec, err := idem.NewExecutor(mwStore, idemCfg)
+		if err != nil {
+			return f.usageError("%v", err)
+		}
+		rctx, stopReconcile := context.WithCancel(ctx)
+		defer stopReconcile()
+		go reconcileLoop(rctx, exec, psvc, *pf.reconcile, logger)
+	}
+	postHandler := mw.Handle(m.InFlight(create))
+	if psvc != nil {
+		postHandler = crashAfterCapture(postHandler, psvc)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", mw.Handle(m.InFlight(http.HandlerFunc(svc.Create)))))
-	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
-	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", http.HandlerFunc(svc.Get)))
+	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", postHandler))
+	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", count))
+	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", get))
 	mux.Handle("GET /healthz", health(dbStore, records))
 	mux.Handle("GET /metrics", m.Handler())
 
@@ -180,7 +214,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		where = fmt.Sprintf("payments and idempotency records in %s, committed in one transaction", dbStore.Where)
 	}
 	logger.Info("idem serve listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
-		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, encAttr)
+		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, encAttr, "provider", *pf.url)
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
