@@ -166,7 +166,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 		cp.Now = e.cfg.NowFunc()
 		cr, err := e.claim(ctx, cp)
 		if err != nil {
-			return res, e.storeFailure(ctx, p, start, "claim", err)
+			return res, e.storeFailure(ctx, p.Operation, p.Key, start, "claim", err)
 		}
 		res.ExpiresAt = cr.Record.ExpiresAt
 		switch cr.Outcome {
@@ -207,7 +207,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 			}
 
 		default:
-			return res, e.storeFailure(ctx, p, start, "claim", fmt.Errorf("unknown claim outcome %d", cr.Outcome))
+			return res, e.storeFailure(ctx, p.Operation, p.Key, start, "claim", fmt.Errorf("unknown claim outcome %d", cr.Outcome))
 		}
 	}
 }
@@ -215,7 +215,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 // replay returns the stored response of a completed record in res.
 func (e *Executor) replay(ctx context.Context, p DoParams, resp *Response, res *Result, start time.Time) error {
 	if resp == nil {
-		return e.storeFailure(ctx, p, start, "claim", errors.New("completed record without a response"))
+		return e.storeFailure(ctx, p.Operation, p.Key, start, "claim", errors.New("completed record without a response"))
 	}
 	if resp.Unreplayable {
 		res.Response = &Response{StatusCode: resp.StatusCode}
@@ -235,11 +235,13 @@ func (e *Executor) claim(ctx context.Context, cp ClaimParams) (ClaimResult, erro
 	return e.store.Claim(ctx, cp)
 }
 
-func (e *Executor) storeFailure(ctx context.Context, p DoParams, start time.Time, op string, err error) error {
-	err = fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
-	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store failed", slog.String("operation", p.Operation),
-		keyAttr(p.Key), slog.Any("error", err))
-	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: 503, Code: CodeStoreUnavailable, Err: err}, start)
+// storeFailure reports a failed store call (named by call) that fails the
+// request, and returns it wrapped in ErrStoreUnavailable.
+func (e *Executor) storeFailure(ctx context.Context, operation, key string, start time.Time, call string, err error) error {
+	err = fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, call, err)
+	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store failed", slog.String("operation", operation),
+		keyAttr(key), slog.Any("error", err))
+	e.emit(ctx, Event{Kind: EventStoreError, Operation: operation, Status: 503, Code: CodeStoreUnavailable, Err: err}, start)
 	return err
 }
 
@@ -253,7 +255,7 @@ func (e *Executor) emit(ctx context.Context, ev Event, start time.Time) {
 
 // execution is one run of an operation under a claim it owns.
 type execution struct {
-	p        DoParams
+	op       string        // the operation's name, for events and logs
 	ids      ReleaseParams // the record and its owner token
 	start    time.Time
 	tookOver bool
@@ -282,7 +284,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	// bounded by StoreTimeout instead.
 	detached := context.WithoutCancel(ctx)
 	x := &execution{
-		p:        p,
+		op:       p.Operation,
 		ids:      ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token},
 		start:    start,
 		tookOver: cr.TookOver,
@@ -305,25 +307,21 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	}()
 	resp, opErr := op(context.WithValue(opCtx, execKey{}, x))
 	returned = true
-	if err := e.record(detached, x, resp, opErr); err != nil {
+	released, err := e.record(detached, x, resp, opErr)
+	if err != nil {
 		return res, err
 	}
-	res.Response = resp
-	res.Released = opErr == nil && e.releases(resp)
+	res.Response, res.Released = resp, released
 	return res, nil
-}
-
-// releases reports whether the outcome policy releases resp.
-func (e *Executor) releases(resp *Response) bool {
-	return resp == nil || e.cfg.OutcomeFunc(resp.StatusCode) == OutcomeRelease
 }
 
 // record ends an execution: it stops the renewals and completes the record
 // with resp, or releases it (when op failed, panicked or the outcome policy
-// says so). It returns opErr, or an error of its own when the outcome could
-// not be recorded in a way the caller must know about (lost lease, failed
-// transactional commit). ctx is not cancelled with the request.
-func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opErr error) error {
+// says so), and reports whether it released it. It returns opErr, or an
+// error of its own when the outcome could not be recorded in a way the
+// caller must know about (lost lease, failed transactional commit). ctx is
+// not cancelled with the request.
+func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opErr error) (bool, error) {
 	x.rn.stop()
 	tx := x.tx.close()
 	defer x.tx.end()
@@ -335,18 +333,18 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		if tx != nil {
 			e.rollback(ctx, tx)
 		}
-		return e.leaseLost(ctx, x, ErrLeaseLost)
+		return false, e.leaseLost(ctx, x, ErrLeaseLost)
 	}
-	if opErr != nil || e.releases(resp) {
+	if opErr != nil || resp == nil || e.cfg.OutcomeFunc(resp.StatusCode) == OutcomeRelease {
 		if err := e.release(ctx, x, tx); errors.Is(err, ErrLeaseLost) {
-			return e.leaseLost(ctx, x, err)
+			return false, e.leaseLost(ctx, x, err)
 		}
-		ev := Event{Kind: EventReleased, Operation: x.p.Operation, TookOver: x.tookOver, Err: opErr}
+		ev := Event{Kind: EventReleased, Operation: x.op, TookOver: x.tookOver, Err: opErr}
 		if resp != nil {
 			ev.Status = resp.StatusCode
 		}
 		e.emit(ctx, ev, x.start)
-		return opErr
+		return true, opErr
 	}
 
 	cp := CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
@@ -354,32 +352,32 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		err := e.completeTx(ctx, tx, cp)
 		if errors.Is(err, ErrLeaseLost) {
 			e.rollback(ctx, tx)
-			return e.leaseLost(ctx, x, err)
+			return false, e.leaseLost(ctx, x, err)
 		}
 		if err != nil {
 			// Nothing was committed: free the key for a retry.
 			_ = e.release(ctx, x, tx)
-			return e.storeFailure(ctx, x.p, x.start, "complete", err)
+			return false, e.storeFailure(ctx, x.op, x.ids.Key, x.start, "complete", err)
 		}
 	} else {
 		sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
 		err := completeWith(sctx, e.store.Complete, cp)
 		cancel()
 		if errors.Is(err, ErrLeaseLost) {
-			return e.leaseLost(ctx, x, err)
+			return false, e.leaseLost(ctx, x, err)
 		}
 		if err != nil {
 			// The operation ran, so its real response goes to the client,
 			// who then has no reason to retry. The record stays in flight
 			// until its lease expires.
 			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: storing the response failed; sending it unstored",
-				slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
-			e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Status: resp.StatusCode, Err: err}, x.start)
-			return nil
+				slog.String("operation", x.op), keyAttr(x.ids.Key), slog.Any("error", err))
+			e.emit(ctx, Event{Kind: EventStoreError, Operation: x.op, Status: resp.StatusCode, Err: err}, x.start)
+			return false, nil
 		}
 	}
-	e.emit(ctx, Event{Kind: EventExecuted, Operation: x.p.Operation, Status: resp.StatusCode, TookOver: x.tookOver}, x.start)
-	return nil
+	e.emit(ctx, Event{Kind: EventExecuted, Operation: x.op, Status: resp.StatusCode, TookOver: x.tookOver}, x.start)
+	return false, nil
 }
 
 // completeTx completes the record inside the operation's transaction and
@@ -411,8 +409,8 @@ func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error 
 	err := e.store.Release(sctx, p)
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: release failed; the key stays blocked until its lease expires",
-			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
-		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Err: err}, x.start)
+			slog.String("operation", x.op), keyAttr(x.ids.Key), slog.Any("error", err))
+		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.op, Err: err}, x.start)
 	}
 	return err
 }
@@ -439,8 +437,8 @@ func completeWith(ctx context.Context, complete func(context.Context, CompletePa
 
 func (e *Executor) leaseLost(ctx context.Context, x *execution, err error) error {
 	e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost; the result was discarded",
-		slog.String("operation", x.p.Operation), keyAttr(x.p.Key))
-	e.emit(ctx, Event{Kind: EventLeaseLost, Operation: x.p.Operation, Status: 503, Code: CodeLeaseLost, TookOver: x.tookOver, Err: err}, x.start)
+		slog.String("operation", x.op), keyAttr(x.ids.Key))
+	e.emit(ctx, Event{Kind: EventLeaseLost, Operation: x.op, Status: 503, Code: CodeLeaseLost, TookOver: x.tookOver, Err: err}, x.start)
 	return err
 }
 
@@ -454,7 +452,7 @@ type renewer struct {
 	e      *Executor
 	ctx    context.Context // the request's values, without its cancellation
 	x      *execution
-	params RenewParams
+	lease  time.Duration
 	cancel context.CancelCauseFunc // cancels the operation
 	every  time.Duration
 
@@ -468,7 +466,7 @@ type renewer struct {
 
 func (e *Executor) startRenewer(r *renewer, ctx context.Context, x *execution, cp ClaimParams, cancel context.CancelCauseFunc) {
 	r.e, r.ctx, r.x, r.cancel = e, ctx, x, cancel
-	r.params = RenewParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Lease: cp.Lease}
+	r.lease = cp.Lease
 	r.every = cp.Lease / 3
 	r.leaseEnd = cp.Now.Add(cp.Lease)
 	r.mu.Lock()
@@ -487,8 +485,8 @@ func (r *renewer) fire() {
 	r.inflight = cancel
 	r.mu.Unlock()
 
-	p := r.params
-	p.Now = r.e.cfg.NowFunc()
+	ids := r.x.ids
+	p := RenewParams{Scope: ids.Scope, Key: ids.Key, Token: ids.Token, Lease: r.lease, Now: r.e.cfg.NowFunc()}
 	var err error
 	if tr := r.x.tx.renewer(); tr != nil {
 		err = tr.Renew(ctx, p)
@@ -522,10 +520,10 @@ func (r *renewer) fire() {
 // report tells the observer and the log how a renewal went, and cancels
 // the operation if its lease is gone. It runs outside the renewer's lock.
 func (r *renewer) report(err error, leaseOver bool) {
-	op, key := slog.String("operation", r.x.p.Operation), keyAttr(r.params.Key)
+	op, key := slog.String("operation", r.x.op), keyAttr(r.x.ids.Key)
 	switch {
 	case err == nil:
-		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.p.Operation}, r.x.start)
+		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.op}, r.x.start)
 	case errors.Is(err, ErrLeaseLost):
 		r.cancel(ErrLeaseLost)
 	case leaseOver:
@@ -533,11 +531,11 @@ func (r *renewer) report(err error, leaseOver bool) {
 		// attempt may own the record now, so the operation must stop.
 		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease expired while renewals failed; cancelling the operation",
 			op, key, slog.Any("error", err))
-		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
+		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.op, Err: err}, r.x.start)
 		r.cancel(ErrLeaseLost)
 	default:
 		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease renewal failed; retrying", op, key, slog.Any("error", err))
-		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
+		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.op, Err: err}, r.x.start)
 	}
 }
 

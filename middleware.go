@@ -254,13 +254,13 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
 	var body []byte
 	var err error
 	if r.ContentLength >= 0 {
-		body = make([]byte, r.ContentLength)
+		// One spare byte of capacity receives the check below.
+		body = make([]byte, r.ContentLength, r.ContentLength+1)
 		_, err = io.ReadFull(r.Body, body)
 		if err == nil {
 			// Content-Length is trusted by net/http; a longer body is
 			// an error of the server, not ours, but check anyway.
-			var one [1]byte
-			if n, _ := r.Body.Read(one[:]); n > 0 {
+			if n, _ := r.Body.Read(body[len(body):cap(body)]); n > 0 {
 				return nil, tooLarge()
 			}
 		}
