@@ -140,13 +140,13 @@ type Operation func(ctx context.Context) (*Response, error)
 // store failures (including a store call that outlives Config.StoreTimeout)
 // yield errors wrapping ErrStoreUnavailable.
 func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, error) {
-	return e.do(ctx, p, op, e.cfg.NowFunc())
+	return e.do(ctx, p, op, e.cfg.NowFunc(), &Result{})
 }
 
 // do is Do with the time the request reached idem, which events measure
-// from.
-func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time) (*Result, error) {
-	res := &Result{}
+// from, and the Result to fill (the middleware's lives in its per-request
+// state).
+func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time, res *Result) (*Result, error) {
 	cp := ClaimParams{
 		Scope:       p.Scope,
 		Key:         p.Key,

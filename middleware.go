@@ -84,7 +84,8 @@ var errClientGone = errors.New("idem: client went away before the handler answer
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	start := m.cfg.NowFunc()
 	w.Header()[HeaderReplayed] = []string{"false"}
-	p, problem := m.prepare(w, r)
+	ex := &exchange{}
+	p, problem := m.prepare(w, r, &ex.body)
 	if problem != nil {
 		m.exec.emit(r.Context(), Event{Kind: EventRejected, Operation: p.Operation, Status: problem.Status, Code: problem.Code}, start)
 		m.cfg.ErrorFunc(w, r, problem)
@@ -94,20 +95,31 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	var rec *recorder
 	res, err := m.exec.do(r.Context(), p, func(ctx context.Context) (*Response, error) {
 		info, _ := InfoFromContext(ctx)
-		rec = &recorder{w: w, m: m, limit: m.cfg.MaxResponseBody, header: make(http.Header), expiresAt: info.ExpiresAt}
+		rec = &ex.rec
+		*rec = recorder{w: w, m: m, limit: m.cfg.MaxResponseBody, header: make(http.Header), expiresAt: info.ExpiresAt}
 		next.ServeHTTP(rec, r.WithContext(ctx))
 		if !rec.wroteHeader && r.Context().Err() != nil {
 			return nil, errClientGone
 		}
 		return rec.response(), nil
-	}, start)
+	}, start, &ex.res)
 	m.answer(w, r, next, rec, res, err)
+}
+
+// exchange is the middleware's state for one protected request, in one
+// allocation: the body handed to the handler, the recorder of its response
+// and the executor's result.
+type exchange struct {
+	body replayBody
+	rec  recorder
+	res  Result
 }
 
 // prepare checks the request's key and body and returns what identifies
 // its execution, or the problem to answer instead. Nothing is claimed yet.
-// Once the key is valid it is echoed on the response.
-func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request) (DoParams, *Problem) {
+// Once the key is valid it is echoed on the response; the body the handler
+// will read is put in rb.
+func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request, rb *replayBody) (DoParams, *Problem) {
 	p := DoParams{Operation: m.operation(r)}
 	values := r.Header[HeaderKey]
 	key, err := ParseKey(values)
@@ -130,7 +142,7 @@ func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request) (DoParams, 
 	w.Header()[HeaderKey] = []string{echo}
 	p.Key = key
 
-	body, problem := m.readBody(r)
+	body, problem := m.readBody(r, rb)
 	if problem != nil {
 		return p, problem
 	}
@@ -238,8 +250,8 @@ func (m *Middleware) operation(r *http.Request) string {
 }
 
 // readBody reads the whole request body, within MaxRequestBody, and puts a
-// replayable copy back for the handler.
-func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
+// replayable copy back for the handler, in rb.
+func (m *Middleware) readBody(r *http.Request, rb *replayBody) ([]byte, *Problem) {
 	limit := m.cfg.MaxRequestBody
 	tooLarge := func() *Problem {
 		return newProblem(http.StatusRequestEntityTooLarge, CodeRequestTooLarge, "Request body too large",
@@ -277,7 +289,8 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
 		}
 		return nil, newProblem(http.StatusBadRequest, CodeBodyInvalid, "The request body could not be read", err.Error())
 	}
-	r.Body = &replayBody{*bytes.NewReader(body)}
+	rb.Reset(body)
+	r.Body = rb
 	return body, nil
 }
 
