@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -91,9 +93,11 @@ func DefaultOutcome(status int) Outcome {
 //   - observability: Observer, Logger;
 //   - which requests need a key, and how they are identified (Middleware
 //     only): Requirement, RequiredMethods, ValidateKeyFunc, TenantFunc,
-//     OperationFunc, FingerprintFunc;
+//     OperationFunc, FingerprintFunc, FingerprintExclude,
+//     FingerprintInclude;
 //   - limits and answers (Middleware only): MaxRequestBody,
-//     MaxResponseBody, ReplayDenyHeaders, FailOpen, ErrorFunc.
+//     MaxResponseBody, ReplayDenyHeaders, FailOpen, ProblemBaseURL,
+//     ErrorFunc.
 //
 // NewExecutor ignores the fields marked "Middleware only".
 type Config struct {
@@ -159,6 +163,15 @@ type Config struct {
 	// Middleware only. Defaults to POST and PATCH.
 	RequiredMethods []string
 
+	// KeyHeader names the request field the key is read from (and echoed
+	// in on the response), for requests that carry their own identifier
+	// instead of an Idempotency-Key: inbound webhooks such as Standard
+	// Webhooks' "webhook-id" or GitHub's "X-GitHub-Delivery". The value is
+	// parsed as ParseKey parses an Idempotency-Key. Scope such routes by
+	// sender (TenantFunc), since senders choose their ids. Middleware only.
+	// Defaults to HeaderKey ("Idempotency-Key").
+	KeyHeader string
+
 	// ValidateKeyFunc narrows the keys accepted beyond ParseKey's rules
 	// (for example, to UUIDs). A non-nil error is answered with 400
 	// idempotency.key_invalid and the error's text as detail. Middleware
@@ -199,8 +212,8 @@ type Config struct {
 
 	// ReplayDenyHeaders are response header fields that are never stored
 	// or replayed, in addition to the hop-by-hop fields and Date, which
-	// never are. Middleware only. Defaults to Set-Cookie; set an empty,
-	// non-nil slice to store every other field.
+	// never are. Middleware only. Defaults to Set-Cookie and Set-Cookie2;
+	// set an empty, non-nil slice to store every other field.
 	ReplayDenyHeaders []string
 
 	// FailOpen runs the handler without protection when the store cannot
@@ -208,6 +221,44 @@ type Config struct {
 	// duplicate is cheaper than an outage. Middleware only. Defaults to
 	// false: fail closed.
 	FailOpen bool
+
+	// Encryption, when set, encrypts every stored response and binds it to
+	// its record (and, with EncryptionConfig.HashKey, hashes the scope and
+	// key the stores see). A completed record that cannot be decrypted is
+	// answered with ErrRecordUnreadable (503), never replayed and never
+	// executed again. See NewEncryption. Defaults to nil: responses are
+	// stored as they are, and an encrypted record is unreadable.
+	Encryption *Encryption
+	// ProblemBaseURL is the base of the "type" URI of idem's own problems:
+	// the problem code is appended to it (so a base ending in "#" names an
+	// anchor per code), and WriteProblem also sends the URI in a Link
+	// field with rel="describedby". Point it at your own copy of the
+	// documentation, if clients cannot reach GitHub. Middleware only.
+	// Defaults to DefaultProblemBaseURL (docs/semantics.md on GitHub).
+	ProblemBaseURL string
+
+	// FingerprintExclude lists JSON Pointers (RFC 6901, such as
+	// "/metadata/client_time") of members or array elements of a JSON body
+	// that the fingerprint leaves out: a retry that differs only in them
+	// replays instead of getting 422. Use it for fields clients regenerate
+	// on every attempt (timestamps, trace IDs, nonces). What it risks: two
+	// requests that differ only in an excluded field share a fingerprint,
+	// so the second replays the first's response and its own value is
+	// never acted on; exclude nothing the operation reads. Pointers to
+	// absent members are ignored. Bodies that are not JSON are
+	// fingerprinted whole. Cannot be combined with FingerprintInclude; a
+	// FingerprintFunc that returns a payload takes precedence. Middleware
+	// only. Defaults to none.
+	FingerprintExclude []string
+
+	// FingerprintInclude, if set, fingerprints only the members of a JSON
+	// body at these JSON Pointers (with the method, operation and target,
+	// as always): a retry may differ in anything else. What it risks is
+	// larger than FingerprintExclude's: a field the operation reads but the
+	// list forgets makes different requests look like retries of each
+	// other. An absent member and a null one are told apart. Middleware
+	// only. Defaults to the whole body.
+	FingerprintInclude []string
 
 	// ErrorFunc writes every error response idem produces. The idempotency
 	// headers are already set on w. Middleware only. Defaults to
@@ -272,6 +323,13 @@ func (c *Config) resolve() (Config, error) {
 	if r.RequiredMethods == nil {
 		r.RequiredMethods = []string{http.MethodPost, http.MethodPatch}
 	}
+	if r.KeyHeader == "" {
+		r.KeyHeader = HeaderKey
+	}
+	if !validFieldName(r.KeyHeader) {
+		return r, fmt.Errorf("idem: KeyHeader %q is not a field name", r.KeyHeader)
+	}
+	r.KeyHeader = textproto.CanonicalMIMEHeaderKey(r.KeyHeader)
 	if r.MaxRequestBody == 0 {
 		r.MaxRequestBody = DefaultMaxRequestBody
 	}
@@ -285,7 +343,13 @@ func (c *Config) resolve() (Config, error) {
 		return r, errors.New("idem: MaxResponseBody is negative")
 	}
 	if r.ReplayDenyHeaders == nil {
-		r.ReplayDenyHeaders = []string{"Set-Cookie"}
+		r.ReplayDenyHeaders = []string{"Set-Cookie", "Set-Cookie2"}
+	}
+	if r.ProblemBaseURL == "" {
+		r.ProblemBaseURL = DefaultProblemBaseURL
+	}
+	if _, err := newFieldSelection(r.FingerprintInclude, r.FingerprintExclude); err != nil {
+		return r, err
 	}
 	if r.ErrorFunc == nil {
 		r.ErrorFunc = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
@@ -321,4 +385,19 @@ type RequestInfo struct {
 	// Payload is what Config.FingerprintFunc returned for this request
 	// (the validated, normalised payload), or nil. Read-only.
 	Payload []byte
+}
+
+// validFieldName reports whether s is an HTTP field name (an RFC 9110
+// token).
+func validFieldName(s string) bool {
+	if s == "" || len(s) > 100 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }

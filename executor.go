@@ -48,6 +48,7 @@ type Executor struct {
 	store   Store
 	txStore TxStore
 	watcher Watcher
+	phases  PhaseObserver // Config.Observer, if it traces phases
 	cfg     Config
 
 	// Owner tokens are a random prefix, drawn once per Executor, and a
@@ -75,6 +76,7 @@ func NewExecutor(store Store, cfg *Config) (*Executor, error) {
 	}
 	e := &Executor{store: store, cfg: rc, tokenPrefix: crand.Text() + "-"}
 	e.txStore, _ = store.(TxStore)
+	e.phases, _ = rc.Observer.(PhaseObserver)
 	e.watcher, _ = store.(Watcher)
 	return e, nil
 }
@@ -138,7 +140,9 @@ type Operation func(ctx context.Context) (*Response, error)
 // is. If op panics, the key is released and the panic continues, with op's
 // own stack. A lost lease yields ErrLeaseLost and discards op's result;
 // store failures (including a store call that outlives Config.StoreTimeout)
-// yield errors wrapping ErrStoreUnavailable.
+// yield errors wrapping ErrStoreUnavailable. With Config.Encryption, a
+// completed record whose response cannot be decrypted yields
+// ErrRecordUnreadable, and op does not run.
 func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, error) {
 	return e.do(ctx, p, op, e.cfg.NowFunc(), &Result{})
 }
@@ -147,9 +151,12 @@ func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, e
 // from, and the Result to fill (the middleware's lives in its per-request
 // state).
 func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time, res *Result) (*Result, error) {
+	// With EncryptionConfig.HashKey the stores see digests, never the
+	// client's values; p keeps them for the operation and the logs.
+	storedScope, storedKey := e.cfg.Encryption.StoredKey(p.Scope, p.Key)
 	cp := ClaimParams{
-		Scope:       p.Scope,
-		Key:         p.Key,
+		Scope:       storedScope,
+		Key:         storedKey,
 		Fingerprint: p.Fingerprint,
 		Token:       e.newToken(),
 		Lease:       e.cfg.Lease,
@@ -164,9 +171,9 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 	}()
 	for {
 		cp.Now = e.cfg.NowFunc()
-		cr, err := e.claim(ctx, cp)
+		cr, err := e.claim(ctx, &p, cp)
 		if err != nil {
-			return res, e.storeFailure(ctx, p.Operation, p.Key, start, "claim", err)
+			return res, e.storeFailure(ctx, p, start, "claim", err)
 		}
 		res.ExpiresAt = cr.Record.ExpiresAt
 		switch cr.Outcome {
@@ -199,7 +206,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 				w = e.newWaiter()
 			}
 			res.Waited = true
-			if err := w.wait(ctx, p.Scope, p.Key); err != nil {
+			if err := w.wait(ctx, cp.Scope, cp.Key); err != nil {
 				if errors.Is(err, ErrInFlight) {
 					e.emit(ctx, Event{Kind: EventInFlight, Operation: p.Operation, Status: 409, Code: CodeRequestInProgress, Waited: true}, start)
 				}
@@ -207,7 +214,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 			}
 
 		default:
-			return res, e.storeFailure(ctx, p.Operation, p.Key, start, "claim", fmt.Errorf("unknown claim outcome %d", cr.Outcome))
+			return res, e.storeFailure(ctx, p, start, "claim", fmt.Errorf("unknown claim outcome %d", cr.Outcome))
 		}
 	}
 }
@@ -215,33 +222,40 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 // replay returns the stored response of a completed record in res.
 func (e *Executor) replay(ctx context.Context, p DoParams, resp *Response, res *Result, start time.Time) error {
 	if resp == nil {
-		return e.storeFailure(ctx, p.Operation, p.Key, start, "claim", errors.New("completed record without a response"))
+		return e.storeFailure(ctx, p, start, "claim", errors.New("completed record without a response"))
+	}
+	resp, err := e.cfg.Encryption.Open(ctx, p.Scope, p.Key, resp)
+	if err != nil {
+		return e.unreadable(ctx, p, start, err)
 	}
 	if resp.Unreplayable {
 		res.Response = &Response{StatusCode: resp.StatusCode}
 		e.emit(ctx, Event{Kind: EventUnavailable, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
 		return ErrResponseUnavailable
 	}
+	_, end := e.phase(ctx, PhaseReplay, &p)
 	res.Response, res.Replayed = resp, true
+	end(nil)
 	e.emit(ctx, Event{Kind: EventReplayed, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
 	return nil
 }
 
 // claim calls Store.Claim within StoreTimeout: a store that stops answering
 // must not hold the request for as long as the client waits.
-func (e *Executor) claim(ctx context.Context, cp ClaimParams) (ClaimResult, error) {
+func (e *Executor) claim(ctx context.Context, p *DoParams, cp ClaimParams) (ClaimResult, error) {
+	ctx, end := e.phase(ctx, PhaseClaim, p)
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
 	defer cancel()
-	return e.store.Claim(ctx, cp)
+	cr, err := e.store.Claim(ctx, cp)
+	end(err)
+	return cr, err
 }
 
-// storeFailure reports a failed store call (named by call) that fails the
-// request, and returns it wrapped in ErrStoreUnavailable.
-func (e *Executor) storeFailure(ctx context.Context, operation, key string, start time.Time, call string, err error) error {
-	err = fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, call, err)
-	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store failed", slog.String("operation", operation),
-		keyAttr(key), slog.Any("error", err))
-	e.emit(ctx, Event{Kind: EventStoreError, Operation: operation, Status: 503, Code: CodeStoreUnavailable, Err: err}, start)
+func (e *Executor) storeFailure(ctx context.Context, p DoParams, start time.Time, op string, err error) error {
+	err = fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
+	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store failed", slog.String("operation", p.Operation),
+		keyAttr(p.Key), slog.Any("error", err))
+	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: 503, Code: CodeStoreUnavailable, Err: err}, start)
 	return err
 }
 
@@ -255,7 +269,7 @@ func (e *Executor) emit(ctx context.Context, ev Event, start time.Time) {
 
 // execution is one run of an operation under a claim it owns.
 type execution struct {
-	op       string        // the operation's name, for events and logs
+	p        DoParams
 	ids      ReleaseParams // the record and its owner token
 	start    time.Time
 	tookOver bool
@@ -284,7 +298,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	// bounded by StoreTimeout instead.
 	detached := context.WithoutCancel(ctx)
 	x := &execution{
-		op:       p.Operation,
+		p:        p,
 		ids:      ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token},
 		start:    start,
 		tookOver: cr.TookOver,
@@ -300,13 +314,16 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	// If op panics, the deferred function records the outcome (the key is
 	// released) and the panic then continues from op's own frame.
 	returned := false
+	opCtx, end := e.phase(opCtx, PhaseExecute, &x.p)
 	defer func() {
 		if !returned {
+			end(errPanicked)
 			e.record(detached, x, nil, errPanicked)
 		}
 	}()
 	resp, opErr := op(context.WithValue(opCtx, execKey{}, x))
 	returned = true
+	end(opErr)
 	released, err := e.record(detached, x, resp, opErr)
 	if err != nil {
 		return res, err
@@ -339,7 +356,7 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		if err := e.release(ctx, x, tx); errors.Is(err, ErrLeaseLost) {
 			return false, e.leaseLost(ctx, x, err)
 		}
-		ev := Event{Kind: EventReleased, Operation: x.op, TookOver: x.tookOver, Err: opErr}
+		ev := Event{Kind: EventReleased, Operation: x.p.Operation, TookOver: x.tookOver, Err: opErr}
 		if resp != nil {
 			ev.Status = resp.StatusCode
 		}
@@ -349,7 +366,9 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 
 	cp := CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
 	if tx != nil {
-		err := e.completeTx(ctx, tx, cp)
+		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
+		err := e.completeTx(pctx, tx, cp, x.p)
+		end(err)
 		if errors.Is(err, ErrLeaseLost) {
 			e.rollback(ctx, tx)
 			return false, e.leaseLost(ctx, x, err)
@@ -357,12 +376,14 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		if err != nil {
 			// Nothing was committed: free the key for a retry.
 			_ = e.release(ctx, x, tx)
-			return false, e.storeFailure(ctx, x.op, x.ids.Key, x.start, "complete", err)
+			return false, e.storeFailure(ctx, x.p, x.start, "complete", err)
 		}
 	} else {
-		sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-		err := completeWith(sctx, e.store.Complete, cp)
+		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
+		sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
+		err := e.completeWith(sctx, e.store.Complete, cp, x.p)
 		cancel()
+		end(err)
 		if errors.Is(err, ErrLeaseLost) {
 			return false, e.leaseLost(ctx, x, err)
 		}
@@ -371,20 +392,20 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 			// who then has no reason to retry. The record stays in flight
 			// until its lease expires.
 			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: storing the response failed; sending it unstored",
-				slog.String("operation", x.op), keyAttr(x.ids.Key), slog.Any("error", err))
-			e.emit(ctx, Event{Kind: EventStoreError, Operation: x.op, Status: resp.StatusCode, Err: err}, x.start)
+				slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
+			e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Status: resp.StatusCode, Err: err}, x.start)
 			return false, nil
 		}
 	}
-	e.emit(ctx, Event{Kind: EventExecuted, Operation: x.op, Status: resp.StatusCode, TookOver: x.tookOver}, x.start)
+	e.emit(ctx, Event{Kind: EventExecuted, Operation: x.p.Operation, Status: resp.StatusCode, TookOver: x.tookOver}, x.start)
 	return false, nil
 }
 
 // completeTx completes the record inside the operation's transaction and
 // commits both, each call within StoreTimeout.
-func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams) error {
+func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams, dp DoParams) error {
 	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-	err := completeWith(sctx, tx.Complete, p)
+	err := e.completeWith(sctx, tx.Complete, p, dp)
 	cancel()
 	if err != nil {
 		return err
@@ -402,15 +423,17 @@ func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error 
 	if tx != nil {
 		e.rollback(ctx, tx)
 	}
-	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	pctx, end := e.phase(ctx, PhaseRelease, &x.p)
+	sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
 	defer cancel()
 	p := x.ids
 	p.Now = e.cfg.NowFunc()
 	err := e.store.Release(sctx, p)
+	end(err)
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: release failed; the key stays blocked until its lease expires",
-			slog.String("operation", x.op), keyAttr(x.ids.Key), slog.Any("error", err))
-		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.op, Err: err}, x.start)
+			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
+		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Err: err}, x.start)
 	}
 	return err
 }
@@ -426,10 +449,20 @@ func (e *Executor) rollback(ctx context.Context, tx StoreTx) {
 // completeWith completes a record and, if the store cannot hold the
 // response, completes it as unreplayable instead: too big to store must
 // never mean "run it again".
-func completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams) error {
-	err := complete(ctx, p)
-	if errors.Is(err, ErrResponseTooLarge) && !p.Response.Unreplayable {
-		p.Response = &Response{StatusCode: p.Response.StatusCode, Unreplayable: true}
+//
+// With Config.Encryption the store receives the sealed response, bound to
+// the record's (scope, key) as the client named them (dp).
+func (e *Executor) completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams, dp DoParams) error {
+	resp := p.Response
+	var err error
+	if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, resp); err != nil {
+		return err
+	}
+	err = complete(ctx, p)
+	if errors.Is(err, ErrResponseTooLarge) && !resp.Unreplayable {
+		if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, &Response{StatusCode: resp.StatusCode, Unreplayable: true}); err != nil {
+			return err
+		}
 		err = complete(ctx, p)
 	}
 	return err
@@ -437,8 +470,8 @@ func completeWith(ctx context.Context, complete func(context.Context, CompletePa
 
 func (e *Executor) leaseLost(ctx context.Context, x *execution, err error) error {
 	e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost; the result was discarded",
-		slog.String("operation", x.op), keyAttr(x.ids.Key))
-	e.emit(ctx, Event{Kind: EventLeaseLost, Operation: x.op, Status: 503, Code: CodeLeaseLost, TookOver: x.tookOver, Err: err}, x.start)
+		slog.String("operation", x.p.Operation), keyAttr(x.p.Key))
+	e.emit(ctx, Event{Kind: EventLeaseLost, Operation: x.p.Operation, Status: 503, Code: CodeLeaseLost, TookOver: x.tookOver, Err: err}, x.start)
 	return err
 }
 
@@ -452,7 +485,7 @@ type renewer struct {
 	e      *Executor
 	ctx    context.Context // the request's values, without its cancellation
 	x      *execution
-	lease  time.Duration
+	params RenewParams
 	cancel context.CancelCauseFunc // cancels the operation
 	every  time.Duration
 
@@ -466,7 +499,7 @@ type renewer struct {
 
 func (e *Executor) startRenewer(r *renewer, ctx context.Context, x *execution, cp ClaimParams, cancel context.CancelCauseFunc) {
 	r.e, r.ctx, r.x, r.cancel = e, ctx, x, cancel
-	r.lease = cp.Lease
+	r.params = RenewParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Lease: cp.Lease}
 	r.every = cp.Lease / 3
 	r.leaseEnd = cp.Now.Add(cp.Lease)
 	r.mu.Lock()
@@ -485,8 +518,8 @@ func (r *renewer) fire() {
 	r.inflight = cancel
 	r.mu.Unlock()
 
-	ids := r.x.ids
-	p := RenewParams{Scope: ids.Scope, Key: ids.Key, Token: ids.Token, Lease: r.lease, Now: r.e.cfg.NowFunc()}
+	p := r.params
+	p.Now = r.e.cfg.NowFunc()
 	var err error
 	if tr := r.x.tx.renewer(); tr != nil {
 		err = tr.Renew(ctx, p)
@@ -520,10 +553,10 @@ func (r *renewer) fire() {
 // report tells the observer and the log how a renewal went, and cancels
 // the operation if its lease is gone. It runs outside the renewer's lock.
 func (r *renewer) report(err error, leaseOver bool) {
-	op, key := slog.String("operation", r.x.op), keyAttr(r.x.ids.Key)
+	op, key := slog.String("operation", r.x.p.Operation), keyAttr(r.params.Key)
 	switch {
 	case err == nil:
-		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.op}, r.x.start)
+		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.p.Operation}, r.x.start)
 	case errors.Is(err, ErrLeaseLost):
 		r.cancel(ErrLeaseLost)
 	case leaseOver:
@@ -531,11 +564,11 @@ func (r *renewer) report(err error, leaseOver bool) {
 		// attempt may own the record now, so the operation must stop.
 		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease expired while renewals failed; cancelling the operation",
 			op, key, slog.Any("error", err))
-		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.op, Err: err}, r.x.start)
+		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
 		r.cancel(ErrLeaseLost)
 	default:
 		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease renewal failed; retrying", op, key, slog.Any("error", err))
-		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.op, Err: err}, r.x.start)
+		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -22,6 +23,8 @@ type Middleware struct {
 	cfg  *Config
 	// deny holds the canonical names of the header fields never stored.
 	deny map[string]bool
+	// fields is Config.FingerprintInclude/Exclude, parsed; nil without.
+	fields *fieldSelection
 	// scopes caches the record scope of each ServeMux pattern (see scope).
 	scopes sync.Map
 }
@@ -35,10 +38,13 @@ func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{exec: exec, cfg: &exec.cfg, deny: map[string]bool{}}
+	if m.fields, err = newFieldSelection(m.cfg.FingerprintInclude, m.cfg.FingerprintExclude); err != nil {
+		return nil, err
+	}
 	for _, h := range hopByHop {
 		m.deny[h] = true
 	}
-	for _, h := range []string{"Date", HeaderKey, HeaderReplayed, HeaderExpiresAt} {
+	for _, h := range []string{"Date", HeaderKey, m.cfg.KeyHeader, HeaderReplayed, HeaderExpiresAt} {
 		m.deny[h] = true
 	}
 	for _, h := range m.cfg.ReplayDenyHeaders {
@@ -73,7 +79,7 @@ func (m *Middleware) protects(r *http.Request) bool {
 	case KeyRequired:
 		return true
 	case KeyOptional:
-		return len(r.Header[HeaderKey]) > 0
+		return len(r.Header[m.cfg.KeyHeader]) > 0
 	}
 	return false
 }
@@ -92,7 +98,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	p, problem := m.prepare(w, r, ex)
 	if problem != nil {
 		m.exec.emit(r.Context(), Event{Kind: EventRejected, Operation: p.Operation, Status: problem.Status, Code: problem.Code}, start)
-		m.cfg.ErrorFunc(w, r, problem)
+		m.writeProblem(w, r, problem)
 		return
 	}
 	// rec is set when the handler runs.
@@ -131,11 +137,12 @@ type exchange struct {
 // will read is put in ex.
 func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request, ex *exchange) (DoParams, *Problem) {
 	p := DoParams{Operation: m.operation(r)}
-	values := r.Header[HeaderKey]
+	kh := m.cfg.KeyHeader
+	values := r.Header[kh]
 	key, err := ParseKey(values)
 	if errors.Is(err, ErrKeyMissing) {
-		return p, newProblem(http.StatusBadRequest, CodeKeyMissing, "Idempotency-Key header is required",
-			"This operation requires an Idempotency-Key header; send a unique value (such as a UUID) and reuse it on every retry of the same request.")
+		return p, newProblem(http.StatusBadRequest, CodeKeyMissing, kh+" header is required",
+			"This operation requires an "+kh+" header; send a unique value (such as a UUID) and reuse it on every retry of the same request.")
 	}
 	if err == nil && m.cfg.ValidateKeyFunc != nil {
 		if verr := m.cfg.ValidateKeyFunc(key); verr != nil {
@@ -143,13 +150,13 @@ func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request, ex *exchang
 		}
 	}
 	if err != nil {
-		return p, newProblem(http.StatusBadRequest, CodeKeyInvalid, "Idempotency-Key header is invalid", err.Error())
+		return p, newProblem(http.StatusBadRequest, CodeKeyInvalid, kh+" header is invalid", err.Error())
 	}
 	ex.fields[1] = values[0]
 	if len(values[0]) != len(key)+2 || values[0][0] != '"' {
 		ex.fields[1] = FormatKey(key) // not in the canonical quoted form as received
 	}
-	w.Header()[HeaderKey] = ex.fields[1:2:2]
+	w.Header()[kh] = ex.fields[1:2:2]
 	p.Key = key
 
 	body, problem := m.readBody(r, &ex.body)
@@ -203,8 +210,18 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, next http.Ha
 		if p == nil {
 			p = newProblem(http.StatusInternalServerError, "idempotency.internal_error", "Internal error", "")
 		}
-		m.cfg.ErrorFunc(w, r, p)
+		m.writeProblem(w, r, p)
 	}
+}
+
+// writeProblem writes one of idem's error responses with ErrorFunc. A problem
+// with one of idem's codes and no Type of its own gets the type URI of its
+// code under Config.ProblemBaseURL.
+func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
+	if p.Type == "" && strings.HasPrefix(p.Code, "idempotency.") {
+		p.Type = m.cfg.ProblemBaseURL + p.Code
+	}
+	m.cfg.ErrorFunc(w, r, p)
 }
 
 // problemFor returns the problem that answers an error of Executor.Do, or
@@ -231,6 +248,11 @@ func (m *Middleware) problemFor(err error, res *Result) *Problem {
 		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeLeaseLost,
 			Title:      "The request lost its claim on the Idempotency-Key",
 			Detail:     "Another attempt took over this key while the request ran; its result was discarded. Retry with the same key to receive the outcome.",
+			RetryAfter: retryAfter}
+	case errors.Is(err, ErrRecordUnreadable):
+		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable,
+			Title:      "The stored response for this Idempotency-Key cannot be read",
+			Detail:     "The request was already executed, but its stored response cannot be decrypted here. It will not be executed again with this key; retry later.",
 			RetryAfter: retryAfter}
 	case errors.Is(err, ErrStoreUnavailable):
 		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
@@ -335,6 +357,20 @@ func (m *Middleware) fingerprint(r *http.Request, op string, body []byte) (strin
 		}
 		if payload != nil {
 			in.Body, in.Payload = payload, true
+		}
+	}
+	if m.fields != nil && !in.Payload && len(body) > 0 {
+		if _, isJSON := normaliseMediaType(in.ContentType); isJSON {
+			// The canonicaliser checks the body first: it is stricter
+			// than encoding/json, which selects the fields.
+			if _, err := AppendCanonicalJSON(nil, body); err != nil {
+				return "", nil, err
+			}
+			selected, err := m.fields.apply(body)
+			if err != nil {
+				return "", nil, err
+			}
+			in.Body = selected
 		}
 	}
 	fp, err := Fingerprint(in)

@@ -165,6 +165,7 @@ func TestReplayIsExact(t *testing.T) {
 		h.Add("X-Multi", "one")
 		h.Add("X-Multi", "two")
 		h.Set("Set-Cookie", "session=secret")
+		h.Set("Set-Cookie2", "legacy=secret")
 		h.Set("Connection", "X-Hop")
 		h.Set("X-Hop", "per-connection")
 		h.Set("Keep-Alive", "timeout=5")
@@ -206,6 +207,9 @@ func TestReplayIsExact(t *testing.T) {
 	}
 	if r1.Header.Get("Set-Cookie") == "" || r2.Header.Get("Set-Cookie") != "" {
 		t.Errorf("Set-Cookie: first %q, replay %q; want sent once, never replayed", r1.Header.Get("Set-Cookie"), r2.Header.Get("Set-Cookie"))
+	}
+	if r1.Header.Get("Set-Cookie2") == "" || r2.Header.Get("Set-Cookie2") != "" {
+		t.Errorf("Set-Cookie2: first %q, replay %q; want sent once, never replayed", r1.Header.Get("Set-Cookie2"), r2.Header.Get("Set-Cookie2"))
 	}
 	if r2.Header.Get("X-Hop") != "" || r2.Header.Get("Keep-Alive") != "" {
 		t.Errorf("hop-by-hop fields replayed: %v", r2.Header)
