@@ -34,14 +34,17 @@ const (
 // KindOf classifies a --db or --store value: a postgres:// or
 // postgresql:// URL (its query parameter idem_schema=NAME chooses the
 // records' schema, default "idem"), a redis:// or rediss:// URL (its query
-// parameter prefix=TEXT starts every key, default "idem:"), "memory", or
-// else a SQLite file path.
+// parameter prefix=TEXT starts every key, default "idem:"), a
+// redis+cluster:// or rediss+cluster:// URL (a Redis Cluster, see
+// openRedisCluster), "memory", or else a SQLite file path.
 func KindOf(spec string) Kind {
 	switch {
 	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
 		return Postgres
 	case strings.HasPrefix(spec, "redis://"), strings.HasPrefix(spec, "rediss://"):
 		return Redis
+	case strings.HasPrefix(spec, "redis+cluster://"), strings.HasPrefix(spec, "rediss+cluster://"):
+		return RedisCluster
 	case spec == "memory":
 		return Memory
 	}
@@ -149,6 +152,8 @@ func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
 		return &Store{Records: s, Kind: Redis, Where: "Redis " + redact(spec),
 			Ping:  func(ctx context.Context) error { return client.Ping(ctx).Err() },
 			close: client.Close}, nil
+	case RedisCluster:
+		return openRedisCluster(spec)
 	case Memory:
 		s, err := memstore.New(nil)
 		if err != nil {
