@@ -41,10 +41,9 @@ func TestSmoke(t *testing.T) {
 	if !testing.Short() {
 		scenarios += ",serve,check"
 	}
-	results := filepath.Join(dir, "results.json")
 	args := []string{"-quick", "-duration", "150ms", "-concurrency", "4", "-scenarios", scenarios,
 		"-small-rows", "200", "-scale-rows", "2000", "-mem-keys", "2000", "-cleanup-rows", "2000",
-		"-scale-concurrency", "2", "-cleanup-concurrency", "2", "-out", out, "-results", results, "-repo", ".."}
+		"-scale-concurrency", "2", "-cleanup-concurrency", "2", "-out", out, "-repo", ".."}
 	o, err := parseOptions(args, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +65,7 @@ func TestSmoke(t *testing.T) {
 	if strings.Contains(text, "\nold\n") {
 		t.Error("the old section was not replaced")
 	}
-	want := []string{"**Machine.**", "### Targets", "`bare`", "`idem-mem`", "`idem-sqlite`", "`raw-sqlite`",
+	want := []string{"**Machine.**", "### Targets", "`bare`", "`idem-mem`", "`idem-sqlite`",
 		"`fiber-bare`", "`fiber-idem`", "### Scale", "### Memory after", "### Cleanup", "Replay on memstore"}
 	env, err := newEnv(t.Context(), o)
 	if err != nil {
@@ -74,12 +73,12 @@ func TestSmoke(t *testing.T) {
 	}
 	env.cleanup(t.Context())
 	if env.pgOK {
-		want = append(want, "`idem-pg`", "`raw-pg`")
+		want = append(want, "`idem-pg`")
 	} else {
 		t.Logf("PostgreSQL unreachable, its systems were skipped: %s", env.pgErr)
 	}
 	if env.redOK {
-		want = append(want, "`idem-redis`", "`raw-redis`")
+		want = append(want, "`idem-redis`")
 	} else {
 		t.Logf("Redis unreachable, its systems were skipped: %s", env.redErr)
 	}
@@ -91,22 +90,8 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("the section lacks %q", w)
 		}
 	}
-	for _, p := range []string{filepath.Join(dir, "benchmarks.png"), results} {
-		if st, err := os.Stat(p); err != nil || st.Size() == 0 {
-			t.Errorf("%s was not written: %v", p, err)
-		}
-	}
-	// The saved results render the same tables again without measuring.
-	o2, err := parseOptions([]string{"-from", results, "-repo", ".."}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := run(t.Context(), o2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(again, "### Targets") || !strings.Contains(again, "`idem-mem`") {
-		t.Errorf("-from rendered:\n%s", again)
+	if st, err := os.Stat(filepath.Join(dir, "benchmarks.png")); err != nil || st.Size() == 0 {
+		t.Errorf("the chart was not written: %v", err)
 	}
 }
 
@@ -188,33 +173,5 @@ func TestLoadIsBounded(t *testing.T) {
 	res = runLoad(t.Context(), c, loadSpec{Workers: 2, Duration: time.Minute, Stop: stop, Req: req(`"k"`), Status: http.StatusCreated})
 	if res.Requests != 2 {
 		t.Errorf("with a closed Stop channel, 2 workers measured %d requests, want one each", res.Requests)
-	}
-}
-
-// TestMerge checks that a later results file replaces an earlier one's
-// scenarios, sections and targets, and keeps the rest.
-func TestMerge(t *testing.T) {
-	t.Parallel()
-	a := saved{Command: "a", Matrix: []sample{{Scenario: scFirst, System: sysBare}, {Scenario: scReplay, System: sysBare}},
-		Sections: []section{{Title: "Scale", Body: "old"}, {Title: "Memory", Body: "kept"}},
-		Targets:  []target{{Name: "t1", Met: "missed"}, {Name: "t2", Met: "met"}}}
-	b := saved{Command: "b", Matrix: []sample{{Scenario: scFirst, System: sysMem}},
-		Sections: []section{{Title: "Scale", Body: "new"}}, Targets: []target{{Name: "t1", Met: "met"}}}
-	m := merge([]saved{a, b})
-	if m.Command != "a\nb" {
-		t.Errorf("command %q", m.Command)
-	}
-	var systems []string
-	for _, s := range m.Matrix {
-		systems = append(systems, s.Scenario+"/"+s.System)
-	}
-	if strings.Join(systems, ",") != "replay/bare,first/idem-mem" {
-		t.Errorf("matrix %v", systems)
-	}
-	if len(m.Sections) != 2 || m.Sections[0].Body != "new" || m.Sections[1].Body != "kept" {
-		t.Errorf("sections %+v", m.Sections)
-	}
-	if len(m.Targets) != 2 || m.Targets[0].Met != "met" || m.Targets[1].Name != "t2" {
-		t.Errorf("targets %+v", m.Targets)
 	}
 }

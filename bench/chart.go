@@ -30,7 +30,7 @@ func writeChart(path string, r *report) error {
 			paths = append(paths, p)
 		}
 	}
-	systems := []string{sysMem, sysSQLite, sysPG, sysRedis, sysRawSQLite, sysRawPG, sysRawRedis, sysFiberIdem}
+	systems := []string{sysMem, sysSQLite, sysPG, sysRedis, sysFiberIdem}
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Throughput relative to the bare handler (%d workers, median of per-round ratios)", conc)
 	p.Y.Label.Text = "throughput ÷ bare"

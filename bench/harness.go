@@ -56,9 +56,8 @@ type options struct {
 	Strict bool
 	// Log receives progress lines.
 	Log io.Writer
-	// Results, From and Findings: see the -results, -from and -findings
-	// flags.
-	Results, From, Findings string
+	// Findings: see the -findings flag.
+	Findings string
 	// ProfileDir, if set, receives a perf CPU profile of the server
 	// process of every measurement.
 	ProfileDir string
@@ -214,11 +213,11 @@ func (e *env) start(ctx context.Context, system string, extra ...string) (*child
 // records: its own SQLite file, PostgreSQL schema or Redis prefix.
 func (e *env) systemArgs(system, tag string) []string {
 	switch system {
-	case sysSQLite, sysRawSQLite:
+	case sysSQLite:
 		return []string{"-sqlite", filepath.Join(e.tmp, system+"-"+tag+".db")}
-	case sysPG, sysRawPG:
+	case sysPG:
 		return []string{"-pg", e.o.PGURL, "-pg-schema", e.schema(strings.ReplaceAll(system, "-", "_") + "_" + tag)}
-	case sysRedis, sysRawRedis:
+	case sysRedis:
 		return []string{"-redis", e.o.RedisURL, "-redis-prefix", e.prefix(system + ":" + tag)}
 	}
 	return nil
@@ -227,9 +226,9 @@ func (e *env) systemArgs(system, tag string) []string {
 // available reports whether a system's server is reachable.
 func (e *env) available(system string) bool {
 	switch system {
-	case sysPG, sysRawPG:
+	case sysPG:
 		return e.pgOK
-	case sysRedis, sysRawRedis:
+	case sysRedis:
 		return e.redOK
 	}
 	return true
@@ -320,8 +319,8 @@ type sample struct {
 // pathSystems lists the systems measured on each request path.
 var pathSystems = map[string][]string{
 	scNoKey:    {sysBare, sysMem, sysFiberBare, sysFiberIdem},
-	scFirst:    {sysBare, sysMem, sysSQLite, sysPG, sysRedis, sysRawSQLite, sysRawPG, sysRawRedis, sysFiberBare, sysFiberIdem},
-	scReplay:   {sysBare, sysMem, sysSQLite, sysPG, sysRedis, sysRawSQLite, sysRawPG, sysRawRedis, sysFiberBare, sysFiberIdem},
+	scFirst:    {sysBare, sysMem, sysSQLite, sysPG, sysRedis, sysFiberBare, sysFiberIdem},
+	scReplay:   {sysBare, sysMem, sysSQLite, sysPG, sysRedis, sysFiberBare, sysFiberIdem},
 	scConflict: {sysBare, sysMem, sysSQLite, sysPG, sysRedis},
 	scMismatch: {sysBare, sysMem, sysSQLite, sysPG, sysRedis},
 }

@@ -2,8 +2,8 @@
 //
 //	go run ./bench -duration 10s -out docs/BENCHMARKS.md
 //
-// measures idem against the bare net/http handler, against the raw
-// statements of each store and against Fiber v3's idempotency middleware,
+// measures idem against the bare net/http handler and against Fiber v3's
+// idempotency middleware,
 // over loopback with a closed-loop load generator, alternating the systems
 // in every round so that the noise of a shared machine falls on all of
 // them alike. It rewrites the generated section of docs/BENCHMARKS.md
@@ -19,7 +19,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -92,8 +91,6 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.CleanupRows, "cleanup-rows", 1_000_000, "expired records of the cleanup scenario")
 	fs.IntVar(&o.ScaleConcurrency, "scale-concurrency", 8, "workers of the scale scenario")
 	fs.IntVar(&o.CleanupConcurrency, "cleanup-concurrency", 8, "workers of the cleanup scenario's traffic")
-	fs.StringVar(&o.Results, "results", "", "also write the raw results as JSON to this file")
-	fs.StringVar(&o.From, "from", "", "render the section from -results files (comma-separated; a later file's scenarios\nreplace an earlier one's) instead of measuring")
 	fs.StringVar(&o.Findings, "findings", "", "Markdown analysis included in the section (default: bench/FINDINGS.md under -repo, if present)")
 	fs.StringVar(&o.ProfileDir, "profile-dir", "", "record a perf CPU profile of the server process of every measurement into this directory")
 	fs.StringVar(&o.Repo, "repo", "", "repository root (default: the directory holding go.work, from the working directory up)")
@@ -215,23 +212,6 @@ func runHarness(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // run runs every selected scenario and writes the report (and chart); it
 // returns the generated section.
 func run(ctx context.Context, o *options) (string, error) {
-	if o.From != "" {
-		var all []saved
-		for _, f := range strings.Split(o.From, ",") {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				return "", err
-			}
-			var s saved
-			if err := json.Unmarshal(data, &s); err != nil {
-				return "", fmt.Errorf("%s: %w", f, err)
-			}
-			all = append(all, s)
-		}
-		m := merge(all)
-		m.Command += "\n" + o.Command
-		return render(restore(m, o))
-	}
 	e, err := newEnv(ctx, o)
 	if err != nil {
 		return "", err
@@ -255,15 +235,6 @@ func run(ctx context.Context, o *options) (string, error) {
 		}
 	}
 	rep.elapsed = time.Since(started)
-	if o.Results != "" {
-		data, err := json.MarshalIndent(rep.save(), "", " ")
-		if err != nil {
-			return "", err
-		}
-		if err := os.WriteFile(o.Results, data, 0o644); err != nil {
-			return "", err
-		}
-	}
 	return render(rep)
 }
 

@@ -56,39 +56,6 @@ func (r *report) addTarget(name, measured, met string) {
 	r.targets = append(r.targets, target{Name: name, Measured: measured, Met: met})
 }
 
-// saved is a run's results as written by -results and read by -from, so
-// that the section can be rendered again (with new findings) without
-// measuring again.
-type saved struct {
-	Command, Machine string
-	Chart            string
-	Duration         time.Duration
-	Rounds, Slices   int
-	Concurrency      []int
-	MaxRequests      int64
-	Elapsed          time.Duration
-	Notes            []string
-	Matrix           []sample
-	Sections         []section
-	Targets          []target
-}
-
-func (r *report) save() saved {
-	return saved{Command: r.o.Command, Machine: r.machineDescription(), Chart: r.o.Chart, Duration: r.o.Duration, Rounds: r.o.Rounds, Slices: r.o.Slices,
-		Concurrency: r.o.Concurrency, MaxRequests: r.o.MaxRequests, Elapsed: r.elapsed, Notes: r.env.notes, Matrix: r.matrix,
-		Sections: r.sections, Targets: slices.DeleteFunc(slices.Clone(r.targets), func(t target) bool { return t.derived })}
-}
-
-// restore rebuilds a report from saved results, for rendering only.
-func restore(s saved, o *options) *report {
-	o.Command, o.Duration, o.Rounds, o.Slices, o.Concurrency, o.MaxRequests = s.Command, s.Duration, s.Rounds, s.Slices, s.Concurrency, s.MaxRequests
-	if o.Chart == "" {
-		o.Chart = s.Chart
-	}
-	return &report{o: o, env: &env{o: o, notes: s.Notes}, matrix: s.Matrix, sections: s.Sections, targets: s.Targets,
-		machine: s.Machine, elapsed: s.Elapsed}
-}
-
 // agg is the aggregate of a system's samples at one concurrency.
 type agg struct {
 	n                int
@@ -180,9 +147,6 @@ var systemNotes = map[string]string{
 	sysSQLite:    "idem middleware, sqlitestore (file, WAL)",
 	sysPG:        "idem middleware, pgstore",
 	sysRedis:     "idem middleware, redisstore",
-	sysRawSQLite: "handler running sqlitestore's statements, no idem logic",
-	sysRawPG:     "handler running pgstore's statements, no idem logic",
-	sysRawRedis:  "handler running redisstore's scripts, no idem logic",
 	sysFiberBare: "Fiber v3.1.0 handler (fasthttp), no idempotency",
 	sysFiberIdem: "Fiber v3.1.0 `middleware/idempotency` (memory storage)",
 }
@@ -215,7 +179,7 @@ func (r *report) markdown() string {
 	for _, s := range r.matrix {
 		seen[s.System] = true
 	}
-	for _, sys := range []string{sysBare, sysMem, sysSQLite, sysPG, sysRedis, sysRawSQLite, sysRawPG, sysRawRedis, sysFiberBare, sysFiberIdem} {
+	for _, sys := range []string{sysBare, sysMem, sysSQLite, sysPG, sysRedis, sysFiberBare, sysFiberIdem} {
 		if seen[sys] {
 			fmt.Fprintf(&b, "- `%s`: %s\n", sys, systemNotes[sys])
 		}
@@ -348,10 +312,7 @@ func (r *report) pathTables(b *bytes.Buffer, sc string) {
 	b.WriteString("\n")
 }
 
-// storePairs are the idem systems and the raw loops they are held to.
-var storePairs = [][2]string{{sysSQLite, sysRawSQLite}, {sysPG, sysRawPG}, {sysRedis, sysRawRedis}}
-
-// comparisonTables writes idem vs the raw store loops and idem vs Fiber,
+// comparisonTables writes idem vs the bare handler and idem vs Fiber,
 // and records the targets they decide.
 func (r *report) comparisonTables(b *bytes.Buffer) {
 	concs := r.o.Concurrency
@@ -366,52 +327,11 @@ func (r *report) comparisonTables(b *bytes.Buffer) {
 		}
 		b.WriteString("\n")
 	}
-	// idem vs raw.
-	var rows []string
-	met, total := 0, 0
-	var worst float64 = 1e9
-	worstAt := ""
-	for _, sc := range []string{scFirst, scReplay} {
-		for _, pr := range storePairs {
-			line := fmt.Sprintf("| %s: `%s` ÷ `%s` |", sc, pr[0], pr[1])
-			any := false
-			for _, c := range concs {
-				q, ok := r.ratio(sc, pr[0], pr[1], c)
-				if !ok {
-					line += " – |"
-					continue
-				}
-				any = true
-				total++
-				mark := ""
-				if q >= 0.9 {
-					met++
-				} else {
-					mark = " ✗"
-				}
-				if q < worst {
-					worst, worstAt = q, fmt.Sprintf("%s, %s, %d workers", sc, pr[0], c)
-				}
-				line += fmt.Sprintf(" %.2f%s |", q, mark)
-			}
-			if any {
-				rows = append(rows, line)
-			}
-		}
-	}
-	if len(rows) > 0 {
-		b.WriteString("### idem vs the raw store loops\n\nThroughput of idem on each store as a fraction of the same HTTP handler making the same store round trips itself (target ≥ 0.9; ✗ marks a miss).\n\n")
-		header("path: system ÷ raw")
-		for _, l := range rows {
-			b.WriteString(l + "\n")
-		}
-		b.WriteString("\n")
-		r.targets = append(r.targets, target{"Every store's idem path ≥ 0.9 of the raw store loop (first execution and replay)",
-			fmt.Sprintf("%d of %d (path, store, concurrency) cells ≥ 0.9; lowest %.2f (%s)", met, total, worst, worstAt), verdict(met, total), true})
-	}
+	var (
+		met, total int
+		vals       []string
+	)
 	// Replay on memstore vs bare.
-	met, total = 0, 0
-	var vals []string
 	for _, c := range concs {
 		if q, ok := r.ratio(scReplay, sysMem, sysBare, c); ok {
 			total++
@@ -566,44 +486,4 @@ func spliceSection(doc []byte, section string) ([]byte, error) {
 	out.WriteString(section)
 	out.Write(doc[j:])
 	return out.Bytes(), nil
-}
-
-// merge combines saved runs: a later run's matrix samples, sections and
-// targets replace those of the same scenario, title or name in an earlier
-// one, and the command lines are kept in order.
-func merge(runs []saved) saved {
-	if len(runs) == 0 {
-		return saved{}
-	}
-	m := runs[0]
-	for _, r := range runs[1:] {
-		m.Command += "\n" + r.Command
-		m.Elapsed += r.Elapsed
-		m.Notes = append(m.Notes, r.Notes...)
-		scen := map[string]bool{}
-		for _, s := range r.Matrix {
-			scen[s.Scenario] = true
-		}
-		if len(scen) > 0 {
-			m.Matrix = slices.DeleteFunc(m.Matrix, func(s sample) bool { return scen[s.Scenario] })
-			m.Matrix = append(m.Matrix, r.Matrix...)
-			m.Duration, m.Rounds, m.Slices, m.Concurrency, m.MaxRequests = r.Duration, r.Rounds, r.Slices, r.Concurrency, r.MaxRequests
-		}
-		for _, sec := range r.Sections {
-			if i := slices.IndexFunc(m.Sections, func(x section) bool { return x.Title == sec.Title }); i >= 0 {
-				m.Sections[i] = sec
-			} else {
-				m.Sections = append(m.Sections, sec)
-			}
-		}
-		for _, t := range r.Targets {
-			if i := slices.IndexFunc(m.Targets, func(x target) bool { return x.Name == t.Name }); i >= 0 {
-				m.Targets[i] = t
-			} else {
-				m.Targets = append(m.Targets, t)
-			}
-		}
-		m.Machine = r.Machine
-	}
-	return m
 }

@@ -39,9 +39,6 @@ const (
 	sysSQLite     = "idem-sqlite" // idem middleware on sqlitestore
 	sysPG         = "idem-pg"     // idem middleware on pgstore
 	sysRedis      = "idem-redis"  // idem middleware on redisstore
-	sysRawSQLite  = "raw-sqlite"  // the handler running sqlitestore's statements itself
-	sysRawPG      = "raw-pg"      // the handler running pgstore's statements itself
-	sysRawRedis   = "raw-redis"   // the handler running redisstore's scripts itself
 	sysFiberBare  = "fiber-bare"  // Fiber v3 handler, no idempotency
 	sysFiberIdem  = "fiber-idem"  // Fiber v3 idempotency middleware (memory storage)
 	pathPayments  = "/api/payments"
@@ -316,21 +313,13 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, ide
 			return nil, nil, nil, err
 		}
 		store = s
-	case sysSQLite, sysRawSQLite:
+	case sysSQLite:
 		s, err := sqlitestore.Open(ctx, o.sqlitePath, nil)
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		store, closeFn = s, func() { _ = s.Close() }
-		if o.system == sysRawSQLite {
-			h, err := rawSQLiteHandler(s)
-			if err != nil {
-				closeFn()
-				return nil, nil, nil, err
-			}
-			return h, s, closeFn, nil
-		}
-	case sysPG, sysRawPG:
+	case sysPG:
 		cfg, err := pgxpool.ParseConfig(o.pgURL)
 		if err != nil {
 			return nil, nil, nil, err
@@ -346,10 +335,7 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, ide
 			return nil, nil, nil, err
 		}
 		store, closeFn = s, pool.Close
-		if o.system == sysRawPG {
-			return rawPGHandler(pool, s), s, closeFn, nil
-		}
-	case sysRedis, sysRawRedis:
+	case sysRedis:
 		opts, err := redis.ParseURL(o.redisURL)
 		if err != nil {
 			return nil, nil, nil, err
@@ -362,14 +348,6 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, ide
 			return nil, nil, nil, err
 		}
 		store, closeFn = s, func() { _ = client.Close() }
-		if o.system == sysRawRedis {
-			h, err := rawRedisHandler(ctx, client, o.redisPrefix)
-			if err != nil {
-				client.Close()
-				return nil, nil, nil, err
-			}
-			return h, s, closeFn, nil
-		}
 	default:
 		return nil, nil, nil, fmt.Errorf("unknown system %q", o.system)
 	}

@@ -283,16 +283,6 @@ USING ids, unnest(ids.scopes, ids.keys) AS d(scope, key)
 WHERE r.scope = d.scope AND r.key = d.key`
 }
 
-// Statements returns the SQL of the claim and completion statements the
-// Store runs. claim binds $1 scope, $2 key, $3 fingerprint, $4 owner token,
-// $5 lease and $6 TTL (intervals) and returns acquired, attempt,
-// fingerprint, completed, response, lease end, lease live and expiry;
-// complete binds $1 scope, $2 key, $3 owner token and $4 the encoded
-// response. It exists for tools that measure the store against its own
-// round trips without its Go code (the repository's benchmark harness);
-// applications call the Store.
-func (s *Store) Statements() (claim, complete string) { return s.claimSQL, s.completeSQL }
-
 // Claim implements idem.Store. It commits in its own short transaction, so
 // a duplicate sees the record in flight at once. It ignores p.Now.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {

@@ -38,13 +38,6 @@ var (
 	releaseScript  = redis.NewScript(releaseSource)
 )
 
-// Scripts returns the Lua source of the claim and completion scripts a
-// Store runs, which take the KEYS and ARGV that Store.Claim and
-// Store.Complete pass. It exists for tools that measure the store against
-// its own round trips without its Go code (the repository's benchmark
-// harness); applications call the Store.
-func Scripts() (claim, complete string) { return claimSource, completeSource }
-
 // Outcome codes of lua/claim.lua.
 const (
 	claimAcquired  = 1

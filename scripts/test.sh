@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh runs all of idem's tests: formatting and vet, every package of
 # every module in the workspace with the race detector (this includes the
-# benchmark harness's smoke run, bench.TestSmoke), a short fuzzing pass over
+# benchmark harness's smoke run, bench.TestSmoke, and the install of every
+# module from a local module proxy, internal/releasetest), a short fuzzing pass over
 # each parser, one iteration of every benchmark, and the end-to-end script
 # against the real binary.
 #

@@ -309,20 +309,6 @@ func newSQLTexts(t string) sqlTexts {
 	}
 }
 
-// Statements returns the SQL of the statements a first execution and a
-// replay run: get reads a record (binds scope, key; returns fingerprint,
-// state, lease end, expiry, response), claim inserts a new record or
-// replaces an expired one inside an immediate transaction (binds scope,
-// key, fingerprint, owner token, lease end, expiry, now; one row changed
-// means acquired), complete stores the response (binds the encoded
-// response, scope, key, owner token, now). Times are Unix nanoseconds. It
-// exists for tools that measure the store against its own round trips
-// without its Go code (the repository's benchmark harness); applications
-// call the Store.
-func (s *Store) Statements() (get, claim, complete string) {
-	return s.sql.get, s.sql.claim, s.sql.complete
-}
-
 func (s *Store) prepare(ctx context.Context) error {
 	writes := []struct {
 		dst  **sql.Stmt
