@@ -75,11 +75,13 @@ func newPool(tb testing.TB, url string) *pgxpool.Pool {
 	return pool
 }
 
-// newPGStore returns a pgstore in a fresh schema of pool, dropped when tb
-// ends.
+// newPGStore returns a pgstore in a fresh schema of pool (cfg.Schema, or a
+// random name if empty), dropped when tb ends.
 func newPGStore(tb testing.TB, pool *pgxpool.Pool, cfg pgstore.Config) *pgstore.Store {
 	tb.Helper()
-	cfg.Schema = "drill_" + strings.ToLower(crand.Text()[:12])
+	if cfg.Schema == "" {
+		cfg.Schema = newSchemaName()
+	}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -132,3 +134,5 @@ func redisPrefix(tb testing.TB, c *redis.Client) string {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+func newSchemaName() string { return "drill_" + strings.ToLower(crand.Text()[:12]) }
