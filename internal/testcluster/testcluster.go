@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,7 @@ type Node struct {
 	// Addr is the node's client address, 127.0.0.1:port.
 	Addr string
 	dir  string
+	args []string
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 }
@@ -71,18 +73,18 @@ func Start(tb testing.TB) *Cluster {
 		if err := os.Mkdir(n.dir, 0o700); err != nil {
 			tb.Fatal(err)
 		}
-		n.cmd = exec.Command("redis-server",
+		n.args = []string{
 			"--port", strconv.Itoa(ports[0]), "--cluster-port", strconv.Itoa(ports[1]),
 			"--bind", "127.0.0.1", "--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(n.dir, "nodes.conf"),
 			"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout.Milliseconds())),
-			"--save", "", "--appendonly", "no", "--dir", n.dir, "--loglevel", "warning")
-		n.cmd.Stdout, n.cmd.Stderr = io.Discard, io.Discard
-		if err := n.cmd.Start(); err != nil {
-			tb.Fatalf("starting redis-server: %v", err)
+			// Replicas sync at once, not after the default 5 s that
+			// lets a master batch several of them.
+			"--repl-diskless-sync-delay", "0",
+			"--save", "", "--appendonly", "no", "--dir", n.dir, "--loglevel", "warning"}
+		if err := n.start(); err != nil {
+			tb.Fatal(err)
 		}
-		n.done = make(chan struct{})
-		go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(n.cmd, n.done)
 		c.mu.Lock()
 		c.nodes = append(c.nodes, n)
 		c.mu.Unlock()
@@ -133,8 +135,40 @@ func (c *Cluster) Kill(addr string) {
 	c.tb.Fatalf("testcluster: no node %s", addr)
 }
 
+// Restart starts the killed node at addr again, with its cluster
+// configuration but without data: it rejoins the cluster (a killed master
+// as a replica of the replica that replaced it) and synchronises from its
+// master, as a replaced machine would.
+func (c *Cluster) Restart(addr string) {
+	c.tb.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.nodes {
+		if n.Addr == addr {
+			<-n.done
+			if err := n.start(); err != nil {
+				c.tb.Fatal(err)
+			}
+			return
+		}
+	}
+	c.tb.Fatalf("testcluster: no node %s", addr)
+}
+
+func (n *Node) start() error {
+	n.cmd = exec.Command("redis-server", n.args...)
+	n.cmd.Stdout, n.cmd.Stderr = io.Discard, io.Discard
+	if err := n.cmd.Start(); err != nil {
+		return fmt.Errorf("starting redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	n.done = done
+	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(done) }(n.cmd)
+	return nil
+}
+
 // WaitHealthy waits until every live node reports cluster_state:ok, so that
-// all 16384 slots are served.
+// all 16384 slots are served, and every replica is in sync with its master.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
 	c.mu.Lock()
 	nodes := append([]*Node(nil), c.nodes...)
@@ -153,6 +187,15 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 			if !strings.Contains(info, "cluster_state:ok") {
 				return errors.New("cluster_state is not ok")
 			}
+			// A replica serves its purpose (and WAIT counts it) once its
+			// initial synchronisation is done.
+			repl, err := Do(ctx, n.Addr, "INFO", "replication")
+			if err != nil {
+				return err
+			}
+			if strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
+				return errors.New("replica not in sync with its master")
+			}
 			return nil
 		})
 		if err != nil {
@@ -160,6 +203,44 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// WaitFailover waits until the live nodes agree that the node at addr
+// failed (a master: its replica was promoted) and the cluster serves every
+// slot again.
+func (c *Cluster) WaitFailover(ctx context.Context, addr string) error {
+	c.mu.Lock()
+	var live string
+	for _, n := range c.nodes {
+		select {
+		case <-n.done:
+		default:
+			if n.Addr != addr && live == "" {
+				live = n.Addr
+			}
+		}
+	}
+	c.mu.Unlock()
+	err := poll(ctx, func() error {
+		nodes, err := Do(ctx, live, "CLUSTER", "NODES")
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) > 2 && strings.HasPrefix(f[1], addr+"@") {
+				if !slices.Contains(strings.Split(f[2], ","), "fail") {
+					return fmt.Errorf("%s is flagged %s, not fail", addr, f[2])
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("%s not in CLUSTER NODES", addr)
+	})
+	if err != nil {
+		return fmt.Errorf("testcluster: failover of %s: %w", addr, err)
+	}
+	return c.WaitHealthy(ctx)
 }
 
 func (c *Cluster) stop() {
