@@ -12,7 +12,7 @@ func TestMain(m *testing.M) {
 	// go-redis logs every failed dial through its package logger; the
 	// drills provoke thousands on purpose.
 	redis.SetLogger(quietLogger{})
-	goleak.VerifyTestMain(m, goleakOptions()...)
+	goleak.VerifyTestMain(m)
 }
 
 type quietLogger struct{}
