@@ -2,9 +2,9 @@ package drills_test
 
 import (
 	"context"
-	"github.com/redis/go-redis/v9"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
