@@ -1,12 +1,13 @@
 package idem
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -29,12 +30,19 @@ const (
 	DefaultLease           = 30 * time.Second
 	DefaultTTL             = 24 * time.Hour
 	DefaultRetryAfter      = time.Second
-	DefaultStoreTimeout    = 10 * time.Second
+	DefaultStoreTimeout    = 5 * time.Second
 	DefaultMaxRequestBody  = 1 << 20
 	DefaultMaxResponseBody = 1 << 20
 	// MinLease is the shortest lease Config accepts: renewal runs every
 	// third of a lease and must have time to reach the store.
 	MinLease = 50 * time.Millisecond
+	// MaxTTL is the longest TTL (and so the longest lease) Config accepts,
+	// ten years: the clock's reading plus a TTL must stay far inside the
+	// range of time.Time and of every store's timestamps. (A duration near
+	// time.Duration's maximum of 292 years would wrap the expiry into the
+	// past, and every request would lose its lease at once.) StoreTimeout,
+	// Wait and RetryAfter are bounded by it too.
+	MaxTTL = 10 * 365 * 24 * time.Hour
 )
 
 // KeyRequirement says whether requests must, may or must not carry a key.
@@ -78,8 +86,18 @@ func DefaultOutcome(status int) Outcome {
 }
 
 // Config configures an Executor or a Middleware. A nil *Config means every
-// default, and so does each zero field. Fields marked "Middleware only" are
-// ignored by NewExecutor.
+// default, and so does each zero field. The fields, by what they govern:
+//
+//   - records: Lease, TTL, Wait, RetryAfter, OutcomeFunc;
+//   - the store and the clock: StoreTimeout, NowFunc;
+//   - observability: Observer, Logger;
+//   - which requests need a key, and how they are identified (Middleware
+//     only): Requirement, RequiredMethods, ValidateKeyFunc, TenantFunc,
+//     OperationFunc, FingerprintFunc;
+//   - limits and answers (Middleware only): MaxRequestBody,
+//     MaxResponseBody, ReplayDenyHeaders, FailOpen, ErrorFunc.
+//
+// NewExecutor ignores the fields marked "Middleware only".
 type Config struct {
 	// Lease is how long a claim owns a record without renewal. The owner
 	// renews it every third of a lease while the operation runs, so an
@@ -105,10 +123,16 @@ type Config struct {
 	// Defaults to 1 second.
 	RetryAfter time.Duration
 
-	// StoreTimeout bounds each store call made after the operation ran
-	// (complete, release) and each renewal. These calls do not use the
-	// request's context, so a client that disconnects cannot cancel the
-	// recording of work that was done. Defaults to 10 seconds.
+	// StoreTimeout bounds every store call: the claim, each lease renewal,
+	// beginning the operation's transaction, and each call that records the
+	// outcome (complete, commit, rollback, release), as well as a Watch
+	// registration in wait mode. A store that stops answering (connections
+	// open, nothing answers) thus yields 503 idempotency.store_unavailable
+	// with Retry-After within StoreTimeout, never a request that hangs for
+	// as long as its client waits. The calls made after the operation ran
+	// do not use the request's cancellation, so a client that disconnects
+	// cannot cancel the recording of work that was done. Defaults to 5
+	// seconds.
 	StoreTimeout time.Duration
 
 	// OutcomeFunc decides, from the response status, whether a finished
@@ -124,14 +148,10 @@ type Config struct {
 	Observer Observer
 
 	// Logger receives warnings and errors (store failures, lost leases,
-	// take-overs, panics). Keys are logged as a short hash unless LogKeys is
-	// set. Defaults to slog.Default().
+	// take-overs). Keys appear only as RedactKey gives them: clients
+	// sometimes build keys from order or user identifiers. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
-
-	// LogKeys logs idempotency keys in clear. Keys may be sensitive
-	// (clients sometimes build them from order or user identifiers).
-	// Defaults to false.
-	LogKeys bool
 
 	// Requirement says which requests need a key. Middleware only. Defaults
 	// to KeyByMethod.
@@ -141,18 +161,27 @@ type Config struct {
 	// Middleware only. Defaults to POST and PATCH.
 	RequiredMethods []string
 
+	// KeyHeader names the request field the key is read from (and echoed
+	// in on the response), for requests that carry their own identifier
+	// instead of an Idempotency-Key: inbound webhooks such as Standard
+	// Webhooks' "webhook-id" or GitHub's "X-GitHub-Delivery". The value is
+	// parsed as ParseKey parses an Idempotency-Key. Scope such routes by
+	// sender (TenantFunc), since senders choose their ids. Middleware only.
+	// Defaults to HeaderKey ("Idempotency-Key").
+	KeyHeader string
+
 	// ValidateKeyFunc narrows the keys accepted beyond ParseKey's rules
 	// (for example, to UUIDs). A non-nil error is answered with 400
 	// idempotency.key_invalid and the error's text as detail. Middleware
 	// only. Defaults to none.
 	ValidateKeyFunc func(key string) error
 
-	// ScopeFunc returns the tenant or principal a request belongs to; the
+	// TenantFunc returns the tenant or principal a request belongs to; the
 	// record scope is this tenant plus the operation, so tenants never see
 	// each other's records. An error is answered as it is if it is a
 	// *Problem, and otherwise with 400 idempotency.scope_invalid. Middleware
 	// only. Defaults to a single scope for everyone.
-	ScopeFunc func(r *http.Request) (string, error)
+	TenantFunc func(r *http.Request) (string, error)
 
 	// OperationFunc names the operation a request invokes. Middleware only.
 	// Defaults to the request's ServeMux pattern (http.Request.Pattern) or,
@@ -181,8 +210,8 @@ type Config struct {
 
 	// ReplayDenyHeaders are response header fields that are never stored
 	// or replayed, in addition to the hop-by-hop fields and Date, which
-	// never are. Middleware only. Defaults to Set-Cookie; set an empty,
-	// non-nil slice to store every other field.
+	// never are. Middleware only. Defaults to Set-Cookie and Set-Cookie2;
+	// set an empty, non-nil slice to store every other field.
 	ReplayDenyHeaders []string
 
 	// FailOpen runs the handler without protection when the store cannot
@@ -190,6 +219,14 @@ type Config struct {
 	// duplicate is cheaper than an outage. Middleware only. Defaults to
 	// false: fail closed.
 	FailOpen bool
+
+	// Encryption, when set, encrypts every stored response and binds it to
+	// its record (and, with EncryptionConfig.HashKey, hashes the scope and
+	// key the stores see). A completed record that cannot be decrypted is
+	// answered with ErrRecordUnreadable (503), never replayed and never
+	// executed again. See NewEncryption. Defaults to nil: responses are
+	// stored as they are, and an encrypted record is unreadable.
+	Encryption *Encryption
 
 	// ErrorFunc writes every error response idem produces. The idempotency
 	// headers are already set on w. Middleware only. Defaults to
@@ -212,6 +249,14 @@ func (c *Config) resolve() (Config, error) {
 	}
 	if r.TTL == 0 {
 		r.TTL = DefaultTTL
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Lease", r.Lease}, {"TTL", r.TTL}, {"StoreTimeout", r.StoreTimeout}, {"Wait", r.Wait}, {"RetryAfter", r.RetryAfter}} {
+		if d.v > MaxTTL {
+			return r, fmt.Errorf("idem: %s %v is longer than MaxTTL %v (an expiry that far out overflows time)", d.name, d.v, MaxTTL)
+		}
 	}
 	if r.TTL < r.Lease {
 		return r, fmt.Errorf("idem: TTL %v is shorter than Lease %v", r.TTL, r.Lease)
@@ -246,6 +291,13 @@ func (c *Config) resolve() (Config, error) {
 	if r.RequiredMethods == nil {
 		r.RequiredMethods = []string{http.MethodPost, http.MethodPatch}
 	}
+	if r.KeyHeader == "" {
+		r.KeyHeader = HeaderKey
+	}
+	if !validFieldName(r.KeyHeader) {
+		return r, fmt.Errorf("idem: KeyHeader %q is not a field name", r.KeyHeader)
+	}
+	r.KeyHeader = textproto.CanonicalMIMEHeaderKey(r.KeyHeader)
 	if r.MaxRequestBody == 0 {
 		r.MaxRequestBody = DefaultMaxRequestBody
 	}
@@ -259,7 +311,7 @@ func (c *Config) resolve() (Config, error) {
 		return r, errors.New("idem: MaxResponseBody is negative")
 	}
 	if r.ReplayDenyHeaders == nil {
-		r.ReplayDenyHeaders = []string{"Set-Cookie"}
+		r.ReplayDenyHeaders = []string{"Set-Cookie", "Set-Cookie2"}
 	}
 	if r.ErrorFunc == nil {
 		r.ErrorFunc = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
@@ -281,14 +333,6 @@ func Scope(tenant, operation string) string {
 	return strconv.Itoa(len(tenant)) + ":" + tenant + "|" + operation
 }
 
-// ctxKey is the type of idem's context keys.
-type ctxKey int
-
-const (
-	txHolderKey ctxKey = iota
-	infoKey
-)
-
 // RequestInfo describes the idempotent execution a handler runs in.
 type RequestInfo struct {
 	// Key is the idempotency key.
@@ -305,10 +349,17 @@ type RequestInfo struct {
 	Payload []byte
 }
 
-// InfoFromContext returns the RequestInfo of the idempotent execution that
-// ctx belongs to, and false outside one. Handlers use it to pass the key on
-// to their own providers.
-func InfoFromContext(ctx context.Context) (*RequestInfo, bool) {
-	ri, ok := ctx.Value(infoKey).(*RequestInfo)
-	return ri, ok
+// validFieldName reports whether s is an HTTP field name (an RFC 9110
+// token).
+func validFieldName(s string) bool {
+	if s == "" || len(s) > 100 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }

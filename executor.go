@@ -134,18 +134,27 @@ type Operation func(ctx context.Context) (*Response, error)
 //   - in flight: ErrInFlight (after waiting, in wait mode);
 //   - another fingerprint: ErrFingerprintMismatch.
 //
-// If op returns an error or panics, the key is released (and the panic
-// resumed); op's error is returned as is. A lost lease yields ErrLeaseLost
-// and discards op's result; store failures yield errors wrapping
-// ErrStoreUnavailable.
+// If op returns an error, the key is released and op's error is returned as
+// is. If op panics, the key is released and the panic continues, with op's
+// own stack. A lost lease yields ErrLeaseLost and discards op's result;
+// store failures (including a store call that outlives Config.StoreTimeout)
+// yield errors wrapping ErrStoreUnavailable. With Config.Encryption, a
+// completed record whose response cannot be decrypted yields
+// ErrRecordUnreadable, and op does not run.
 func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, error) {
-	return e.do(ctx, p, op, e.cfg.NowFunc(), &Result{})
+	return e.do(ctx, p, op, e.cfg.NowFunc())
 }
 
-func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time, res *Result) (*Result, error) {
+// do is Do with the time the request reached idem, which events measure
+// from.
+func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time) (*Result, error) {
+	res := &Result{}
+	// With EncryptionConfig.HashKey the stores see digests, never the
+	// client's values; p keeps them for the operation and the logs.
+	storedScope, storedKey := e.cfg.Encryption.StoredKey(p.Scope, p.Key)
 	cp := ClaimParams{
-		Scope:       p.Scope,
-		Key:         p.Key,
+		Scope:       storedScope,
+		Key:         storedKey,
 		Fingerprint: p.Fingerprint,
 		Token:       e.newToken(),
 		Lease:       e.cfg.Lease,
@@ -160,7 +169,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 	}()
 	for {
 		cp.Now = e.cfg.NowFunc()
-		cr, err := e.store.Claim(ctx, cp)
+		cr, err := e.claim(ctx, cp)
 		if err != nil {
 			return res, e.storeFailure(ctx, p, start, "claim", err)
 		}
@@ -170,18 +179,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 			return e.execute(ctx, p, cp, cr, op, res, start)
 
 		case ClaimCompleted:
-			resp := cr.Record.Response
-			if resp == nil {
-				return res, e.storeFailure(ctx, p, start, "claim", errors.New("completed record without a response"))
-			}
-			if resp.Unreplayable {
-				res.Response = &Response{StatusCode: resp.StatusCode}
-				e.emit(ctx, Event{Kind: EventUnavailable, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
-				return res, ErrResponseUnavailable
-			}
-			res.Response, res.Replayed = resp, true
-			e.emit(ctx, Event{Kind: EventReplayed, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
-			return res, nil
+			return res, e.replay(ctx, p, cr.Record.Response, res, start)
 
 		case ClaimMismatch:
 			// A record written under an older fingerprint encoding is
@@ -206,7 +204,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 				w = e.newWaiter()
 			}
 			res.Waited = true
-			if err := w.wait(ctx, p.Scope, p.Key); err != nil {
+			if err := w.wait(ctx, cp.Scope, cp.Key); err != nil {
 				if errors.Is(err, ErrInFlight) {
 					e.emit(ctx, Event{Kind: EventInFlight, Operation: p.Operation, Status: 409, Code: CodeRequestInProgress, Waited: true}, start)
 				}
@@ -219,10 +217,37 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 	}
 }
 
+// replay returns the stored response of a completed record in res.
+func (e *Executor) replay(ctx context.Context, p DoParams, resp *Response, res *Result, start time.Time) error {
+	if resp == nil {
+		return e.storeFailure(ctx, p, start, "claim", errors.New("completed record without a response"))
+	}
+	resp, err := e.cfg.Encryption.Open(ctx, p.Scope, p.Key, resp)
+	if err != nil {
+		return e.unreadable(ctx, p, start, err)
+	}
+	if resp.Unreplayable {
+		res.Response = &Response{StatusCode: resp.StatusCode}
+		e.emit(ctx, Event{Kind: EventUnavailable, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
+		return ErrResponseUnavailable
+	}
+	res.Response, res.Replayed = resp, true
+	e.emit(ctx, Event{Kind: EventReplayed, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
+	return nil
+}
+
+// claim calls Store.Claim within StoreTimeout: a store that stops answering
+// must not hold the request for as long as the client waits.
+func (e *Executor) claim(ctx context.Context, cp ClaimParams) (ClaimResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	defer cancel()
+	return e.store.Claim(ctx, cp)
+}
+
 func (e *Executor) storeFailure(ctx context.Context, p DoParams, start time.Time, op string, err error) error {
 	err = fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
 	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store failed", slog.String("operation", p.Operation),
-		e.cfg.keyAttr(p.Scope, p.Key), slog.Any("error", err))
+		keyAttr(p.Key), slog.Any("error", err))
 	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: 503, Code: CodeStoreUnavailable, Err: err}, start)
 	return err
 }
@@ -235,376 +260,340 @@ func (e *Executor) emit(ctx context.Context, ev Event, start time.Time) {
 	e.cfg.Observer.Observe(ctx, ev)
 }
 
-// execute runs op under the claim it owns, renewing the lease, and then
-// completes or releases the record.
+// execution is one run of an operation under a claim it owns.
+type execution struct {
+	p        DoParams
+	ids      ReleaseParams // the record and its owner token
+	start    time.Time
+	tookOver bool
+	info     RequestInfo // what InfoFromContext returns
+	tx       *txHolder   // nil unless the store is a TxStore
+	rn       renewer
+}
+
+// execKey is the context key of the *execution an operation runs in.
+type execKey struct{}
+
+// errPanicked is the outcome recorded for an operation that panicked.
+var errPanicked = errors.New("idem: the operation panicked")
+
+// execute runs op under the claim it owns, renewing the lease meanwhile,
+// and then records the outcome.
 func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr ClaimResult, op Operation, res *Result, start time.Time) (*Result, error) {
 	res.TookOver = cr.TookOver
 	if cr.TookOver {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: took over a record whose lease had expired",
-			slog.String("operation", p.Operation), e.cfg.keyAttr(p.Scope, p.Key))
+			slog.String("operation", p.Operation), keyAttr(p.Key))
 	}
-	cancelCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	// The execution's context and its renewer share one allocation.
-	x := &execution{}
-	ec := &x.ctx
-	ec.Context = cancelCtx
-	ec.info = RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload}
-	var opCtx context.Context = ec
-	var holder *txHolder
-	if e.txStore != nil {
-		// The transaction must not die with the client: work that was done
-		// is committed even if nobody waits for the answer.
-		holder = &txHolder{store: e.txStore, ctx: context.WithoutCancel(opCtx)}
-		ec.holder = holder
-	}
-
-	rn := &x.rn
-	e.startRenewer(rn, p.Operation, cp, holder, cancel, start)
-	resp, opErr, panicked, panicVal := callOperation(opCtx, op)
-	// Completion must not depend on the client still being there, and is
+	// Store calls made for the execution (renewals, the transaction, the
+	// outcome) keep the request's values but not its cancellation: work
+	// that was done is recorded even if the client has gone. Each call is
 	// bounded by StoreTimeout instead.
-	storeCtx := rn.finish(ctx)
-	defer rn.close()
-	var tx StoreTx
-	if holder != nil {
-		tx = holder.close()
+	detached := context.WithoutCancel(ctx)
+	x := &execution{
+		p:        p,
+		ids:      ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token},
+		start:    start,
+		tookOver: cr.TookOver,
+		info:     RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload},
 	}
-	ids := ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token}
+	if e.txStore != nil {
+		x.tx = &txHolder{store: e.txStore, ctx: detached, timeout: e.cfg.StoreTimeout}
+	}
+	opCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	e.startRenewer(&x.rn, detached, x, cp, cancel)
 
-	// When the store said the lease is gone there is nothing to complete.
-	// When renewals merely failed until the lease ran out, completion is
+	// If op panics, the deferred function records the outcome (the key is
+	// released) and the panic then continues from op's own frame.
+	returned := false
+	defer func() {
+		if !returned {
+			e.record(detached, x, nil, errPanicked)
+		}
+	}()
+	resp, opErr := op(context.WithValue(opCtx, execKey{}, x))
+	returned = true
+	if err := e.record(detached, x, resp, opErr); err != nil {
+		return res, err
+	}
+	res.Response = resp
+	res.Released = opErr == nil && e.releases(resp)
+	return res, nil
+}
+
+// releases reports whether the outcome policy releases resp.
+func (e *Executor) releases(resp *Response) bool {
+	return resp == nil || e.cfg.OutcomeFunc(resp.StatusCode) == OutcomeRelease
+}
+
+// record ends an execution: it stops the renewals and completes the record
+// with resp, or releases it (when op failed, panicked or the outcome policy
+// says so). It returns opErr, or an error of its own when the outcome could
+// not be recorded in a way the caller must know about (lost lease, failed
+// transactional commit). ctx is not cancelled with the request.
+func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opErr error) error {
+	x.rn.stop()
+	tx := x.tx.close()
+	defer x.tx.end()
+
+	// When the store said the lease is gone there is nothing to record.
+	// When renewals merely failed until the lease ran out, recording is
 	// still attempted: the store's token check decides.
-	if rn.takenOver() {
+	if x.rn.lostByStore() {
 		if tx != nil {
-			_ = tx.Rollback(storeCtx)
+			e.rollback(ctx, tx)
 		}
-		return res, e.leaseLost(ctx, p, start, cr.TookOver, ErrLeaseLost, panicked, panicVal)
+		return e.leaseLost(ctx, x, ErrLeaseLost)
 	}
-
-	release := panicked || opErr != nil || resp == nil || e.cfg.OutcomeFunc(resp.StatusCode) == OutcomeRelease
-	if release {
-		if tx != nil {
-			if err := tx.Rollback(storeCtx); err != nil {
-				e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: rollback failed", slog.Any("error", err))
-			}
+	if opErr != nil || e.releases(resp) {
+		if err := e.release(ctx, x, tx); errors.Is(err, ErrLeaseLost) {
+			return e.leaseLost(ctx, x, err)
 		}
-		ids.Now = e.cfg.NowFunc()
-		if err := e.store.Release(storeCtx, ids); err != nil {
-			if errors.Is(err, ErrLeaseLost) {
-				return res, e.leaseLost(ctx, p, start, cr.TookOver, err, panicked, panicVal)
-			}
-			// The record stays in flight until its lease expires; then
-			// a retry takes it over.
-			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: release failed; the key stays blocked until its lease expires",
-				slog.String("operation", p.Operation), e.cfg.keyAttr(p.Scope, p.Key), slog.Any("error", err))
-			e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Err: err}, start)
-		}
-		ev := Event{Kind: EventReleased, Operation: p.Operation, TookOver: cr.TookOver, Err: opErr}
+		ev := Event{Kind: EventReleased, Operation: x.p.Operation, TookOver: x.tookOver, Err: opErr}
 		if resp != nil {
 			ev.Status = resp.StatusCode
 		}
-		if panicked {
-			ev.Err = fmt.Errorf("idem: operation panicked: %v", panicVal)
-		}
-		e.emit(ctx, ev, start)
-		if panicked {
-			panic(panicVal)
-		}
-		if opErr != nil {
-			return res, opErr
-		}
-		res.Response, res.Released = resp, true
-		return res, nil
+		e.emit(ctx, ev, x.start)
+		return opErr
 	}
 
-	cpar := CompleteParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Response: resp, Now: e.cfg.NowFunc()}
-	var err error
+	cp := CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
 	if tx != nil {
-		err = completeWith(storeCtx, tx.Complete, cpar)
-		if err == nil {
-			err = tx.Commit(storeCtx)
+		err := e.completeTx(ctx, tx, cp, x.p)
+		if errors.Is(err, ErrLeaseLost) {
+			e.rollback(ctx, tx)
+			return e.leaseLost(ctx, x, err)
 		}
 		if err != nil {
-			_ = tx.Rollback(storeCtx)
-			if errors.Is(err, ErrLeaseLost) {
-				return res, e.leaseLost(ctx, p, start, cr.TookOver, err, false, nil)
-			}
 			// Nothing was committed: free the key for a retry.
-			ids.Now = e.cfg.NowFunc()
-			_ = e.store.Release(storeCtx, ids)
-			return res, e.storeFailure(ctx, p, start, "complete", err)
+			_ = e.release(ctx, x, tx)
+			return e.storeFailure(ctx, x.p, x.start, "complete", err)
 		}
 	} else {
-		err = completeWith(storeCtx, e.store.Complete, cpar)
+		sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+		err := e.completeWith(sctx, e.store.Complete, cp, x.p)
+		cancel()
 		if errors.Is(err, ErrLeaseLost) {
-			return res, e.leaseLost(ctx, p, start, cr.TookOver, err, false, nil)
+			return e.leaseLost(ctx, x, err)
 		}
 		if err != nil {
 			// The operation ran, so its real response goes to the client,
 			// who then has no reason to retry. The record stays in flight
 			// until its lease expires.
 			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: storing the response failed; sending it unstored",
-				slog.String("operation", p.Operation), e.cfg.keyAttr(p.Scope, p.Key), slog.Any("error", err))
-			e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: resp.StatusCode, Err: err}, start)
-			res.Response = resp
-			return res, nil
+				slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
+			e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Status: resp.StatusCode, Err: err}, x.start)
+			return nil
 		}
 	}
-	res.Response = resp
-	e.emit(ctx, Event{Kind: EventExecuted, Operation: p.Operation, Status: resp.StatusCode, TookOver: cr.TookOver}, start)
-	return res, nil
+	e.emit(ctx, Event{Kind: EventExecuted, Operation: x.p.Operation, Status: resp.StatusCode, TookOver: x.tookOver}, x.start)
+	return nil
+}
+
+// completeTx completes the record inside the operation's transaction and
+// commits both, each call within StoreTimeout.
+func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams, dp DoParams) error {
+	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	err := e.completeWith(sctx, tx.Complete, p, dp)
+	cancel()
+	if err != nil {
+		return err
+	}
+	sctx, cancel = context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	defer cancel()
+	return tx.Commit(sctx)
+}
+
+// release rolls back the operation's transaction, if any, and deletes the
+// record so that the key can be used again. A failure other than
+// ErrLeaseLost is logged and reported: the record then stays in flight until
+// its lease expires, when a retry takes it over.
+func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error {
+	if tx != nil {
+		e.rollback(ctx, tx)
+	}
+	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	defer cancel()
+	p := x.ids
+	p.Now = e.cfg.NowFunc()
+	err := e.store.Release(sctx, p)
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: release failed; the key stays blocked until its lease expires",
+			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
+		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Err: err}, x.start)
+	}
+	return err
+}
+
+func (e *Executor) rollback(ctx context.Context, tx StoreTx) {
+	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	defer cancel()
+	if err := tx.Rollback(sctx); err != nil {
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: rollback failed", slog.Any("error", err))
+	}
 }
 
 // completeWith completes a record and, if the store cannot hold the
 // response, completes it as unreplayable instead: too big to store must
 // never mean "run it again".
-func completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams) error {
-	err := complete(ctx, p)
-	if errors.Is(err, ErrResponseTooLarge) && !p.Response.Unreplayable {
-		p.Response = &Response{StatusCode: p.Response.StatusCode, Unreplayable: true}
+//
+// With Config.Encryption the store receives the sealed response, bound to
+// the record's (scope, key) as the client named them (dp).
+func (e *Executor) completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams, dp DoParams) error {
+	resp := p.Response
+	var err error
+	if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, resp); err != nil {
+		return err
+	}
+	err = complete(ctx, p)
+	if errors.Is(err, ErrResponseTooLarge) && !resp.Unreplayable {
+		if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, &Response{StatusCode: resp.StatusCode, Unreplayable: true}); err != nil {
+			return err
+		}
 		err = complete(ctx, p)
 	}
 	return err
 }
 
-func (e *Executor) leaseLost(ctx context.Context, p DoParams, start time.Time, tookOver bool, err error, panicked bool, panicVal any) error {
+func (e *Executor) leaseLost(ctx context.Context, x *execution, err error) error {
 	e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost; the result was discarded",
-		slog.String("operation", p.Operation), e.cfg.keyAttr(p.Scope, p.Key))
-	e.emit(ctx, Event{Kind: EventLeaseLost, Operation: p.Operation, Status: 503, Code: CodeLeaseLost, TookOver: tookOver, Err: err}, start)
-	if panicked {
-		panic(panicVal)
-	}
+		slog.String("operation", x.p.Operation), keyAttr(x.p.Key))
+	e.emit(ctx, Event{Kind: EventLeaseLost, Operation: x.p.Operation, Status: 503, Code: CodeLeaseLost, TookOver: x.tookOver, Err: err}, x.start)
 	return err
-}
-
-// callOperation runs op, turning a panic into a value so that the record
-// can be released before the panic resumes.
-func callOperation(ctx context.Context, op Operation) (resp *Response, err error, panicked bool, panicVal any) {
-	defer func() {
-		if v := recover(); v != nil {
-			panicked, panicVal = true, v
-		}
-	}()
-	resp, err = op(ctx)
-	return resp, err, false, nil
 }
 
 // renewer keeps the lease alive while the operation runs: every third of a
 // lease it renews through the store (or the open transaction, for stores
 // that serialise writers). If the store says the lease is lost, or renewals
 // keep failing until the lease has run out, it cancels the operation's
-// context with cause ErrLeaseLost.
+// context with cause ErrLeaseLost. Its lock guards its fields only: it is
+// never held across a store call, an observer or a log handler.
 type renewer struct {
 	e      *Executor
-	op     string
+	ctx    context.Context // the request's values, without its cancellation
+	x      *execution
 	params RenewParams
-	holder *txHolder
-	cancel context.CancelCauseFunc
-	start  time.Time
+	cancel context.CancelCauseFunc // cancels the operation
 	every  time.Duration
 
-	mu          sync.Mutex
-	timer       *time.Timer
-	stopped     bool
-	lostByStore bool
-	leaseEnd    time.Time
-	inflight    context.CancelFunc
-	storeCancel func()
-	storeCtx    detachedContext
+	mu       sync.Mutex
+	timer    *time.Timer
+	stopped  bool
+	lost     bool // the store refused a renewal: another owner has the record
+	leaseEnd time.Time
+	inflight context.CancelFunc // cancels the renewal in progress
 }
 
-// execution holds what one execution needs for as long as it runs.
-type execution struct {
-	ctx execContext
-	rn  renewer
-}
-
-func (e *Executor) startRenewer(r *renewer, op string, cp ClaimParams, holder *txHolder, cancel context.CancelCauseFunc, start time.Time) {
-	r.e, r.op, r.holder, r.cancel, r.start = e, op, holder, cancel, start
+func (e *Executor) startRenewer(r *renewer, ctx context.Context, x *execution, cp ClaimParams, cancel context.CancelCauseFunc) {
+	r.e, r.ctx, r.x, r.cancel = e, ctx, x, cancel
 	r.params = RenewParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Lease: cp.Lease}
 	r.every = cp.Lease / 3
 	r.leaseEnd = cp.Now.Add(cp.Lease)
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.timer = time.AfterFunc(r.every, r.fire)
-	r.mu.Unlock()
 }
 
 func (r *renewer) fire() {
 	r.mu.Lock()
 	if r.stopped {
-		// After finish the timer bounds the completion's store calls.
-		if r.storeCancel != nil {
-			r.storeCancel()
-		}
 		r.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.e.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(r.ctx, r.e.cfg.StoreTimeout)
+	defer cancel()
 	r.inflight = cancel
 	r.mu.Unlock()
-	defer cancel()
 
 	p := r.params
 	p.Now = r.e.cfg.NowFunc()
 	var err error
-	if tr := r.holder.renewer(); tr != nil {
+	if tr := r.x.tx.renewer(); tr != nil {
 		err = tr.Renew(ctx, p)
 	} else {
 		err = r.e.store.Renew(ctx, p)
 	}
 
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stopped {
-		return
-	}
+	stopped, leaseOver := r.stopped, false
 	switch {
+	case stopped:
+		// The operation has returned; this renewal no longer matters.
 	case err == nil:
 		r.leaseEnd = p.Now.Add(p.Lease)
-		r.e.emit(ctx, Event{Kind: EventRenewed, Operation: r.op}, r.start)
 	case errors.Is(err, ErrLeaseLost):
-		r.lostByStore = true
-		r.cancel(ErrLeaseLost)
-		return
-	case !r.e.cfg.NowFunc().Before(r.leaseEnd):
-		// The lease ran out while the store could not be reached: another
-		// attempt may own the record now, so the operation must stop.
-		r.e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease expired while renewals failed; cancelling the operation",
-			slog.String("operation", r.op), r.e.cfg.keyAttr(r.params.Scope, r.params.Key), slog.Any("error", err))
-		r.e.emit(ctx, Event{Kind: EventStoreError, Operation: r.op, Err: err}, r.start)
-		r.cancel(ErrLeaseLost)
-		return
+		r.lost = true
 	default:
-		r.e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease renewal failed; retrying",
-			slog.String("operation", r.op), r.e.cfg.keyAttr(r.params.Scope, r.params.Key), slog.Any("error", err))
-		r.e.emit(ctx, Event{Kind: EventStoreError, Operation: r.op, Err: err}, r.start)
+		leaseOver = !r.e.cfg.NowFunc().Before(r.leaseEnd)
 	}
-	r.timer.Reset(r.every)
+	if !stopped && !r.lost && !leaseOver {
+		r.timer.Reset(r.every)
+	}
+	r.inflight = nil
+	r.mu.Unlock()
+
+	if !stopped {
+		r.report(err, leaseOver)
+	}
 }
 
-// finish ends renewal without waiting for a renewal in progress (which may
-// be queued behind the operation's own transaction; its result is
-// ignored), and returns the context for the completion's store calls: not
-// cancelled with the request, and cancelled after StoreTimeout by the same
-// timer that drove the renewals, which saves a timer per request.
-func (r *renewer) finish(ctx context.Context) context.Context {
-	r.storeCtx.parent = ctx
+// report tells the observer and the log how a renewal went, and cancels
+// the operation if its lease is gone. It runs outside the renewer's lock.
+func (r *renewer) report(err error, leaseOver bool) {
+	op, key := slog.String("operation", r.x.p.Operation), keyAttr(r.params.Key)
+	switch {
+	case err == nil:
+		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.p.Operation}, r.x.start)
+	case errors.Is(err, ErrLeaseLost):
+		r.cancel(ErrLeaseLost)
+	case leaseOver:
+		// The lease ran out while the store could not be reached: another
+		// attempt may own the record now, so the operation must stop.
+		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease expired while renewals failed; cancelling the operation",
+			op, key, slog.Any("error", err))
+		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
+		r.cancel(ErrLeaseLost)
+	default:
+		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease renewal failed; retrying", op, key, slog.Any("error", err))
+		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
+	}
+}
+
+// stop ends renewal without waiting for a renewal in progress, which may be
+// queued behind the operation's own transaction: it is cancelled and its
+// result ignored.
+func (r *renewer) stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stopped = true
+	r.timer.Stop()
 	if r.inflight != nil {
 		r.inflight()
 	}
-	r.storeCancel = r.storeCtx.expire
-	r.timer.Reset(r.e.cfg.StoreTimeout)
-	return &r.storeCtx
 }
 
-// close releases the timer and the completion's context.
-func (r *renewer) close() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.timer.Stop()
-	r.storeCtx.expire()
-}
-
-// detachedContext carries a request's values but not its cancellation; it
-// ends when expire is called (by the renewer's timer after StoreTimeout, or
-// when the execution is over). It lives inside the execution's allocation.
-type detachedContext struct {
-	parent context.Context
-	mu     sync.Mutex
-	done   chan struct{}
-	err    error
-	funcs  []*func()
-}
-
-func (c *detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
-
-func (c *detachedContext) Done() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done == nil {
-		c.done = make(chan struct{})
-		if c.err != nil {
-			close(c.done)
-		}
-	}
-	return c.done
-}
-
-func (c *detachedContext) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
-
-func (c *detachedContext) Value(key any) any { return c.parent.Value(key) }
-
-func (c *detachedContext) expire() {
-	c.mu.Lock()
-	if c.err != nil {
-		c.mu.Unlock()
-		return
-	}
-	c.err = context.DeadlineExceeded
-	if c.done != nil {
-		close(c.done)
-	}
-	funcs := c.funcs
-	c.funcs = nil
-	c.mu.Unlock()
-	for _, f := range funcs {
-		if f != nil {
-			go (*f)()
-		}
-	}
-}
-
-// AfterFunc lets contexts derived from this one (context.WithCancel,
-// context.AfterFunc, as database drivers use) register for its end without
-// a watching goroutine each.
-func (c *detachedContext) AfterFunc(f func()) (stop func() bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		go f()
-		return func() bool { return false }
-	}
-	fp := &f
-	c.funcs = append(c.funcs, fp)
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for i, g := range c.funcs {
-			if g == fp {
-				c.funcs[i] = nil
-				return true
-			}
-		}
-		return false
-	}
-}
-
-// takenOver reports that the store refused a renewal because the token no
+// lostByStore reports that the store refused a renewal because the token no
 // longer owns the record.
-func (r *renewer) takenOver() bool {
+func (r *renewer) lostByStore() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.lostByStore
+	return r.lost
 }
 
 // txHolder begins the operation's transaction on first use and hands it to
-// the executor when the operation returns.
+// the executor when the operation returns. A nil *txHolder (a store without
+// transactions) holds nothing.
 type txHolder struct {
-	store TxStore
-	ctx   context.Context
+	store   TxStore
+	ctx     context.Context
+	timeout time.Duration
 
 	mu     sync.Mutex
 	tx     StoreTx
 	err    error
 	closed bool
+	cancel context.CancelCauseFunc // ends the context the transaction began with
 }
 
 func (h *txHolder) get() (StoreTx, error) {
@@ -614,19 +603,54 @@ func (h *txHolder) get() (StoreTx, error) {
 		return nil, errTxClosed
 	}
 	if h.tx == nil && h.err == nil {
-		h.tx, h.err = h.store.BeginTx(h.ctx)
-		if h.err != nil {
-			h.err = fmt.Errorf("%w: begin: %w", ErrStoreUnavailable, h.err)
-		}
+		h.tx, h.err = h.begin()
 	}
 	return h.tx, h.err
 }
 
+// begin calls BeginTx within the store timeout. The context a transaction
+// begins with must outlive the call (database/sql rolls the transaction back
+// when it ends), so it is not a context with a deadline: a timer cancels it
+// only if BeginTx has not returned in time, and end cancels it after the
+// transaction is over.
+func (h *txHolder) begin() (StoreTx, error) {
+	ctx, cancel := context.WithCancelCause(h.ctx)
+	timer := time.AfterFunc(h.timeout, func() { cancel(context.DeadlineExceeded) })
+	tx, err := h.store.BeginTx(ctx)
+	if !timer.Stop() && err == nil {
+		// The timeout fired as BeginTx returned: the transaction is
+		// already ending.
+		rctx, rcancel := context.WithTimeout(h.ctx, h.timeout)
+		_ = tx.Rollback(rctx)
+		rcancel()
+		tx, err = nil, context.DeadlineExceeded
+	}
+	if err != nil {
+		cancel(nil)
+		return nil, fmt.Errorf("%w: begin: %w", ErrStoreUnavailable, err)
+	}
+	h.cancel = cancel
+	return tx, nil
+}
+
+// close returns the transaction, if one was begun, and refuses to begin
+// one afterwards.
 func (h *txHolder) close() StoreTx {
+	if h == nil {
+		return nil
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
 	return h.tx
+}
+
+// end releases the transaction's context once it was committed or rolled
+// back.
+func (h *txHolder) end() {
+	if h != nil && h.cancel != nil {
+		h.cancel(nil)
+	}
 }
 
 func (h *txHolder) renewer() TxRenewer {
@@ -635,11 +659,8 @@ func (h *txHolder) renewer() TxRenewer {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.tx != nil {
-		tr, _ := h.tx.(TxRenewer)
-		return tr
-	}
-	return nil
+	tr, _ := h.tx.(TxRenewer)
+	return tr
 }
 
 // TxFromContext returns the transaction of the idempotent execution ctx
@@ -648,13 +669,25 @@ func (h *txHolder) renewer() TxRenewer {
 // before the response is sent; if the operation fails, panics, or loses its
 // lease, they roll back. Store packages offer typed forms
 // (sqlitestore.Tx, pgstore.Tx). Outside such an execution it returns
-// ErrNoTx.
+// ErrNoTx; if the store does not answer within Config.StoreTimeout, an
+// error wrapping ErrStoreUnavailable.
 func TxFromContext(ctx context.Context) (StoreTx, error) {
-	h, ok := ctx.Value(txHolderKey).(*txHolder)
-	if !ok {
+	x, ok := ctx.Value(execKey{}).(*execution)
+	if !ok || x.tx == nil {
 		return nil, ErrNoTx
 	}
-	return h.get()
+	return x.tx.get()
+}
+
+// InfoFromContext returns the RequestInfo of the idempotent execution that
+// ctx belongs to, and false outside one. Handlers use it to pass the key on
+// to their own providers.
+func InfoFromContext(ctx context.Context) (*RequestInfo, bool) {
+	x, ok := ctx.Value(execKey{}).(*execution)
+	if !ok {
+		return nil, false
+	}
+	return &x.info, true
 }
 
 // waiter waits for an in-flight record to change, through the store's
@@ -685,7 +718,9 @@ func (w *waiter) close() {
 
 func (w *waiter) wait(ctx context.Context, scope, key string) error {
 	var changed <-chan struct{}
-	wctx, cancel := context.WithCancel(ctx)
+	// The registration lasts until wctx ends; StoreTimeout also bounds the
+	// Watch call itself.
+	wctx, cancel := context.WithTimeout(ctx, w.e.cfg.StoreTimeout)
 	defer cancel()
 	if w.e.watcher != nil {
 		ch, err := w.e.watcher.Watch(wctx, scope, key)
@@ -711,26 +746,4 @@ func (w *waiter) wait(ctx context.Context, scope, key string) error {
 		return context.Cause(ctx)
 	}
 	return nil
-}
-
-// execContext is the context of one execution: cancellable with a cause
-// (lease loss) and carrying the RequestInfo and the transaction holder,
-// in one allocation instead of a chain of context.WithValue.
-type execContext struct {
-	context.Context
-	info   RequestInfo
-	holder *txHolder
-}
-
-func (c *execContext) Value(key any) any {
-	switch key {
-	case infoKey:
-		return &c.info
-	case txHolderKey:
-		if c.holder != nil {
-			return c.holder
-		}
-		return nil
-	}
-	return c.Context.Value(key)
 }

@@ -3,6 +3,8 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"runtime/debug"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -243,6 +245,11 @@ func TestNewExecutorValidatesConfig(t *testing.T) {
 		"negative wait": {Wait: -1},
 		"bad mode":      {Requirement: 99},
 		"negative body": {MaxRequestBody: -1},
+		// The largest time.Duration: now+TTL would wrap into the past.
+		"ttl overflow":   {TTL: 2562047*time.Hour + 47*time.Minute + 16*time.Second},
+		"ttl > MaxTTL":   {TTL: idem.MaxTTL + time.Second},
+		"lease > MaxTTL": {Lease: idem.MaxTTL + time.Second, TTL: idem.MaxTTL + time.Second},
+		"store timeout":  {StoreTimeout: idem.MaxTTL + time.Second},
 	} {
 		if _, err := idem.NewMiddleware(store, cfg); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -250,6 +257,27 @@ func TestNewExecutorValidatesConfig(t *testing.T) {
 	}
 	if _, err := idem.NewExecutor(nil, nil); err == nil {
 		t.Error("nil store accepted")
+	}
+	_, err := idem.NewExecutor(store, &idem.Config{TTL: 2562047 * time.Hour})
+	if err == nil || !strings.Contains(err.Error(), "MaxTTL") {
+		t.Errorf("huge TTL: %v, want an error naming MaxTTL", err)
+	}
+}
+
+// The longest TTL Config accepts gives records that expire in the future,
+// not a wrapped-around expiry that loses every lease at once.
+func TestMaxTTLWorks(t *testing.T) {
+	t.Parallel()
+	store, _ := memstore.New(nil)
+	exec, err := idem.NewExecutor(store, &idem.Config{TTL: idem.MaxTTL, Lease: idem.MaxTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := exec.Do(context.Background(), doParams("k"), func(context.Context) (*idem.Response, error) {
+		return &idem.Response{StatusCode: 201}, nil
+	})
+	if err != nil || !res.ExpiresAt.After(time.Now().Add(idem.MaxTTL-time.Hour)) {
+		t.Fatalf("Do with MaxTTL: expires %v, err %v", res.ExpiresAt, err)
 	}
 }
 
@@ -301,4 +329,38 @@ func (s *ctxSpy) Complete(ctx context.Context, p idem.CompleteParams) error {
 	s.err = ctx.Err()
 	s.value = ctx.Value(ctxSpyKey{})
 	return s.Store.Complete(ctx, p)
+}
+
+// panickingOperation is a named function so that its frame can be found in a
+// stack trace.
+func panickingOperation(context.Context) (*idem.Response, error) {
+	panic("kaboom")
+}
+
+// A panic leaves Do with the operation's own frames on the stack (the key
+// is released by a deferred function, not by recovering and panicking
+// again), so that net/http's log of it points at the line that panicked.
+func TestPanicKeepsTheOperationsStack(t *testing.T) {
+	t.Parallel()
+	store, _ := memstore.New(nil)
+	exec, _ := idem.NewExecutor(store, nil)
+	var stack string
+	func() {
+		defer func() {
+			if v := recover(); v != "kaboom" {
+				t.Fatalf("recovered %v, want the operation's panic", v)
+			}
+			stack = string(debug.Stack())
+		}()
+		exec.Do(context.Background(), doParams("p"), panickingOperation)
+	}()
+	if !strings.Contains(stack, "panickingOperation") {
+		t.Fatalf("the panic's stack lost the operation's frame:\n%s", stack)
+	}
+	// And the key was released: a retry runs.
+	if res, err := exec.Do(context.Background(), doParams("p"), func(context.Context) (*idem.Response, error) {
+		return &idem.Response{StatusCode: 201}, nil
+	}); err != nil || res.Replayed {
+		t.Fatalf("retry after a panic: %+v %v", res, err)
+	}
 }

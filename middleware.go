@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
-	"sync"
 	"time"
 )
 
@@ -22,8 +21,6 @@ type Middleware struct {
 	cfg  *Config
 	// deny holds the canonical names of the header fields never stored.
 	deny map[string]bool
-	// scopes caches the scope of each route pattern (see scope).
-	scopes sync.Map
 }
 
 // NewMiddleware returns a Middleware that keeps its records in store. A nil
@@ -38,7 +35,7 @@ func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
 	for _, h := range hopByHop {
 		m.deny[h] = true
 	}
-	for _, h := range []string{"Date", HeaderKey, HeaderReplayed, HeaderExpiresAt} {
+	for _, h := range []string{"Date", HeaderKey, m.cfg.KeyHeader, HeaderReplayed, HeaderExpiresAt} {
 		m.deny[h] = true
 	}
 	for _, h := range m.cfg.ReplayDenyHeaders {
@@ -57,154 +54,179 @@ var hopByHop = []string{
 // Handle wraps next so that requests needing a key run at most once per key.
 func (m *Middleware) Handle(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !m.protects(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
 		m.serve(w, r, next)
 	})
+}
+
+// protects reports whether r goes through idem (Config.Requirement).
+func (m *Middleware) protects(r *http.Request) bool {
+	switch m.cfg.Requirement {
+	case KeyByMethod:
+		return slices.Contains(m.cfg.RequiredMethods, r.Method)
+	case KeyRequired:
+		return true
+	case KeyOptional:
+		return len(r.Header[m.cfg.KeyHeader]) > 0
+	}
+	return false
 }
 
 // errClientGone releases the key when the client disconnected and the
 // handler wrote nothing: there is no outcome worth storing.
 var errClientGone = errors.New("idem: client went away before the handler answered")
 
+// serve handles a protected request: it prepares the request, runs next at
+// most once through the executor, and answers.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	cfg := m.cfg
-	required := false
-	switch cfg.Requirement {
-	case KeyByMethod:
-		if !slices.Contains(cfg.RequiredMethods, r.Method) {
-			next.ServeHTTP(w, r)
-			return
+	start := m.cfg.NowFunc()
+	w.Header()[HeaderReplayed] = []string{"false"}
+	p, problem := m.prepare(w, r)
+	if problem != nil {
+		m.exec.emit(r.Context(), Event{Kind: EventRejected, Operation: p.Operation, Status: problem.Status, Code: problem.Code}, start)
+		m.cfg.ErrorFunc(w, r, problem)
+		return
+	}
+	// rec is set when the handler runs.
+	var rec *recorder
+	res, err := m.exec.do(r.Context(), p, func(ctx context.Context) (*Response, error) {
+		info, _ := InfoFromContext(ctx)
+		rec = &recorder{w: w, m: m, limit: m.cfg.MaxResponseBody, header: make(http.Header), expiresAt: info.ExpiresAt}
+		next.ServeHTTP(rec, r.WithContext(ctx))
+		if !rec.wroteHeader && r.Context().Err() != nil {
+			return nil, errClientGone
 		}
-		required = true
-	case KeyRequired:
-		required = true
-	case KeyOff:
-		next.ServeHTTP(w, r)
-		return
-	}
-	start := cfg.NowFunc()
-	values := r.Header[HeaderKey]
-	if len(values) == 0 && !required {
-		next.ServeHTTP(w, r)
-		return
-	}
-	op := m.operation(r)
+		return rec.response(), nil
+	}, start)
+	m.answer(w, r, next, rec, res, err)
+}
+
+// prepare checks the request's key and body and returns what identifies
+// its execution, or the problem to answer instead. Nothing is claimed yet.
+// Once the key is valid it is echoed on the response.
+func (m *Middleware) prepare(w http.ResponseWriter, r *http.Request) (DoParams, *Problem) {
+	p := DoParams{Operation: m.operation(r)}
+	kh := m.cfg.KeyHeader
+	values := r.Header[kh]
 	key, err := ParseKey(values)
-	if err == nil && cfg.ValidateKeyFunc != nil {
-		if verr := cfg.ValidateKeyFunc(key); verr != nil {
+	if errors.Is(err, ErrKeyMissing) {
+		return p, newProblem(http.StatusBadRequest, CodeKeyMissing, kh+" header is required",
+			"This operation requires an "+kh+" header; send a unique value (such as a UUID) and reuse it on every retry of the same request.")
+	}
+	if err == nil && m.cfg.ValidateKeyFunc != nil {
+		if verr := m.cfg.ValidateKeyFunc(key); verr != nil {
 			err = fmt.Errorf("%w: %v", ErrKeyInvalid, verr)
 		}
 	}
-	// The three idempotency fields share one backing array; each is a
-	// full slice expression, so appending to one never touches another.
-	hv := make([]string, 3)
-	h := w.Header()
-	hv[0] = "false"
-	h[HeaderReplayed] = hv[0:1:1]
 	if err != nil {
-		if errors.Is(err, ErrKeyMissing) {
-			m.reject(w, r, op, start, newProblem(http.StatusBadRequest, CodeKeyMissing,
-				"Idempotency-Key header is required",
-				"This operation requires an Idempotency-Key header; send a unique value (such as a UUID) and reuse it on every retry of the same request."))
-			return
-		}
-		m.reject(w, r, op, start, newProblem(http.StatusBadRequest, CodeKeyInvalid,
-			"Idempotency-Key header is invalid", err.Error()))
-		return
+		return p, newProblem(http.StatusBadRequest, CodeKeyInvalid, kh+" header is invalid", err.Error())
 	}
-	if v := values[0]; len(v) == len(key)+2 && v[0] == '"' {
-		hv[1] = v // already in the canonical quoted form: echo it as received
-	} else {
-		hv[1] = FormatKey(key)
+	echo := values[0]
+	if len(echo) != len(key)+2 || echo[0] != '"' {
+		echo = FormatKey(key) // not in the canonical quoted form as received
 	}
-	h[HeaderKey] = hv[1:2:2]
+	w.Header()[kh] = []string{echo}
+	p.Key = key
 
-	st := &requestState{}
-	body, p := m.readBody(r, &st.body)
-	if p != nil {
-		m.reject(w, r, op, start, p)
-		return
+	body, problem := m.readBody(r)
+	if problem != nil {
+		return p, problem
 	}
 	tenant := ""
-	if cfg.ScopeFunc != nil {
-		if tenant, err = cfg.ScopeFunc(r); err != nil {
-			m.reject(w, r, op, start, asProblem(err, CodeScopeInvalid, "The request's scope cannot be determined"))
-			return
+	if m.cfg.TenantFunc != nil {
+		if tenant, err = m.cfg.TenantFunc(r); err != nil {
+			return p, asProblem(err, CodeScopeInvalid, "The request's scope cannot be determined")
 		}
 	}
-	fp, payload, err := m.fingerprint(r, op, body)
-	if err != nil {
-		m.reject(w, r, op, start, asProblem(err, CodeBodyInvalid, "The request body is invalid"))
-		return
+	p.Scope = Scope(tenant, p.Operation)
+	if p.Fingerprint, p.Payload, err = m.fingerprint(r, p.Operation, body); err != nil {
+		return p, asProblem(err, CodeBodyInvalid, "The request body is invalid")
 	}
+	return p, nil
+}
 
-	var rec *recorder
-	ran := false
-	res, err := m.exec.do(r.Context(), DoParams{Scope: m.scope(r, tenant, op), Key: key, Fingerprint: fp, Operation: op, Payload: payload},
-		func(ctx context.Context) (*Response, error) {
-			ran = true
-			info, _ := InfoFromContext(ctx)
-			rec = &st.rec
-			*rec = recorder{w: w, m: m, limit: cfg.MaxResponseBody, header: make(http.Header), expiresAt: info.ExpiresAt}
-			next.ServeHTTP(rec, r.WithContext(ctx))
-			if !rec.wroteHeader && r.Context().Err() != nil {
-				return nil, errClientGone
-			}
-			return rec.response(), nil
-		}, start, &st.res)
+// answer sends the outcome of the execution: the handler's response (already
+// sent if it streamed), a replay, or a problem.
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, next http.Handler, rec *recorder, res *Result, err error) {
+	h := w.Header()
 	if !res.ExpiresAt.IsZero() && !res.Released {
-		hv[2] = formatExpiry(res.ExpiresAt)
-		h[HeaderExpiresAt] = hv[2:3:3]
+		h[HeaderExpiresAt] = []string{formatExpiry(res.ExpiresAt)}
 	}
 	if rec != nil && rec.streamed {
 		return // already sent as it was produced
 	}
 	switch {
 	case err == nil && res.Replayed:
-		hv[0] = "true"
+		h[HeaderReplayed] = []string{"true"}
 		writeResponse(w, res.Response, res.Response.Header)
 	case err == nil:
 		// The handler has returned: its own header values can be sent
 		// without copying.
 		for k, vs := range rec.header {
-			if k != HeaderKey && k != HeaderReplayed && k != HeaderExpiresAt {
+			if !isIdemField(k) {
 				h[k] = vs
 			}
 		}
 		writeResponse(w, res.Response, nil)
+	case errors.Is(err, ErrStoreUnavailable) && rec == nil && m.cfg.FailOpen:
+		next.ServeHTTP(w, r)
+	default:
+		p := m.problemFor(err, res)
+		if p == nil && (errors.Is(err, errClientGone) || r.Context().Err() != nil) {
+			return // nobody is listening; the key was released (or never claimed)
+		}
+		if p == nil {
+			p = newProblem(http.StatusInternalServerError, "idempotency.internal_error", "Internal error", "")
+		}
+		m.cfg.ErrorFunc(w, r, p)
+	}
+}
+
+// problemFor returns the problem that answers an error of Executor.Do, or
+// nil for an error that is not the executor's own.
+func (m *Middleware) problemFor(err error, res *Result) *Problem {
+	retryAfter := m.cfg.retryAfterSeconds()
+	switch {
 	case errors.Is(err, ErrInFlight):
-		m.fail(w, r, &Problem{Status: http.StatusConflict, Code: CodeRequestInProgress,
+		return &Problem{Status: http.StatusConflict, Code: CodeRequestInProgress,
 			Title:      "A request with this Idempotency-Key is in progress",
 			Detail:     "An earlier request with the same key has not finished yet; retry after the indicated delay to receive its response.",
-			RetryAfter: cfg.retryAfterSeconds()})
+			RetryAfter: retryAfter}
 	case errors.Is(err, ErrFingerprintMismatch):
-		m.fail(w, r, newProblem(http.StatusUnprocessableEntity, CodeKeyReused,
+		return newProblem(http.StatusUnprocessableEntity, CodeKeyReused,
 			"Idempotency-Key is already used with a different request",
-			"This key was used for a request with a different method, operation or payload; use a new key for a new request."))
+			"This key was used for a request with a different method, operation or payload; use a new key for a new request.")
 	case errors.Is(err, ErrResponseUnavailable):
 		p := newProblem(http.StatusConflict, CodeResponseUnavailable,
 			"The request was already executed; its response cannot be replayed",
 			fmt.Sprintf("The request with this key completed with status %d, but its response was too large or streamed and was not stored. It will not be executed again with this key.", res.Response.StatusCode))
 		p.Extensions = map[string]any{"originalStatus": res.Response.StatusCode}
-		m.fail(w, r, p)
+		return p
 	case errors.Is(err, ErrLeaseLost):
-		m.fail(w, r, &Problem{Status: http.StatusServiceUnavailable, Code: CodeLeaseLost,
+		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeLeaseLost,
 			Title:      "The request lost its claim on the Idempotency-Key",
 			Detail:     "Another attempt took over this key while the request ran; its result was discarded. Retry with the same key to receive the outcome.",
-			RetryAfter: cfg.retryAfterSeconds()})
+			RetryAfter: retryAfter}
+	case errors.Is(err, ErrRecordUnreadable):
+		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable,
+			Title:      "The stored response for this Idempotency-Key cannot be read",
+			Detail:     "The request was already executed, but its stored response cannot be decrypted here. It will not be executed again with this key; retry later.",
+			RetryAfter: retryAfter}
 	case errors.Is(err, ErrStoreUnavailable):
-		if !ran && cfg.FailOpen {
-			next.ServeHTTP(w, r)
-			return
-		}
-		m.fail(w, r, &Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
 			Title:      "The idempotency store is unavailable",
 			Detail:     "The request was not executed because its Idempotency-Key could not be recorded; retry with the same key.",
-			RetryAfter: cfg.retryAfterSeconds()})
-	case errors.Is(err, errClientGone), r.Context().Err() != nil:
-		// Nobody is listening; the key was released (or never claimed).
-	default:
-		m.fail(w, r, newProblem(http.StatusInternalServerError, "idempotency.internal_error", "Internal error", ""))
+			RetryAfter: retryAfter}
 	}
+	return nil
+}
+
+// isIdemField reports whether k is one of the fields idem sets itself.
+func isIdemField(k string) bool {
+	return k == HeaderKey || k == HeaderReplayed || k == HeaderExpiresAt
 }
 
 // operation names the operation a request invokes.
@@ -221,31 +243,9 @@ func (m *Middleware) operation(r *http.Request) string {
 	return r.Method + " " + r.URL.Path
 }
 
-// requestState is the middleware's per-request state, in one allocation.
-type requestState struct {
-	rec  recorder
-	body replayBody
-	res  Result
-}
-
-// scope returns the record scope. Scopes of requests routed by a ServeMux
-// pattern with no tenant are cached: patterns are few, so the cache stays
-// small, and the common case costs no allocation.
-func (m *Middleware) scope(r *http.Request, tenant, op string) string {
-	if tenant != "" || r.Pattern == "" || m.cfg.OperationFunc != nil {
-		return Scope(tenant, op)
-	}
-	if s, ok := m.scopes.Load(op); ok {
-		return s.(string)
-	}
-	s := Scope("", op)
-	m.scopes.Store(op, s)
-	return s
-}
-
 // readBody reads the whole request body, within MaxRequestBody, and puts a
-// replayable copy back for the handler, in rb.
-func (m *Middleware) readBody(r *http.Request, rb *replayBody) ([]byte, *Problem) {
+// replayable copy back for the handler.
+func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
 	limit := m.cfg.MaxRequestBody
 	tooLarge := func() *Problem {
 		return newProblem(http.StatusRequestEntityTooLarge, CodeRequestTooLarge, "Request body too large",
@@ -283,8 +283,7 @@ func (m *Middleware) readBody(r *http.Request, rb *replayBody) ([]byte, *Problem
 		}
 		return nil, newProblem(http.StatusBadRequest, CodeBodyInvalid, "The request body could not be read", err.Error())
 	}
-	rb.Reset(body)
-	r.Body = rb
+	r.Body = &replayBody{*bytes.NewReader(body)}
 	return body, nil
 }
 
@@ -317,16 +316,6 @@ func asProblem(err error, code, title string) *Problem {
 	return newProblem(http.StatusBadRequest, code, title, err.Error())
 }
 
-// reject answers a request refused before any claim.
-func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, op string, start time.Time, p *Problem) {
-	m.exec.emit(r.Context(), Event{Kind: EventRejected, Operation: op, Status: p.Status, Code: p.Code}, start)
-	m.fail(w, r, p)
-}
-
-func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, p *Problem) {
-	m.cfg.ErrorFunc(w, r, p)
-}
-
 func formatExpiry(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
@@ -339,7 +328,7 @@ func formatExpiry(t time.Time) string {
 func writeResponse(w http.ResponseWriter, resp *Response, header http.Header) {
 	h := w.Header()
 	for k, vs := range header {
-		if _, ours := h[k]; ours && (k == HeaderKey || k == HeaderReplayed || k == HeaderExpiresAt) {
+		if _, ours := h[k]; ours && isIdemField(k) {
 			continue
 		}
 		h[k] = vs[:len(vs):len(vs)]
@@ -424,10 +413,9 @@ func (rw *recorder) stream() error {
 	}
 	h := rw.w.Header()
 	for k, vs := range rw.header {
-		if k == HeaderKey || k == HeaderReplayed || k == HeaderExpiresAt {
-			continue
+		if !isIdemField(k) {
+			h[k] = vs
 		}
-		h[k] = vs
 	}
 	if !rw.expiresAt.IsZero() {
 		h.Set(HeaderExpiresAt, formatExpiry(rw.expiresAt))

@@ -364,7 +364,7 @@ func TestRequirementPerRoute(t *testing.T) {
 
 func TestTenantsAreIsolated(t *testing.T) {
 	t.Parallel()
-	b := setup(t, created, &options{cfg: &idem.Config{ScopeFunc: func(r *http.Request) (string, error) {
+	b := setup(t, created, &options{cfg: &idem.Config{TenantFunc: func(r *http.Request) (string, error) {
 		return r.Header.Get("Authorization"), nil
 	}}})
 	alice := b.do(http.MethodPost, "/things", body1, http.Header{"Authorization": {"Bearer alice"}}, "shared")
@@ -386,20 +386,20 @@ func TestTenantsAreIsolated(t *testing.T) {
 	}
 }
 
-func TestScopeFuncError(t *testing.T) {
+func TestTenantFuncError(t *testing.T) {
 	t.Parallel()
-	b := setup(t, created, &options{cfg: &idem.Config{ScopeFunc: func(r *http.Request) (string, error) {
+	b := setup(t, created, &options{cfg: &idem.Config{TenantFunc: func(r *http.Request) (string, error) {
 		if r.Header.Get("Authorization") == "" {
 			return "", &idem.Problem{Status: 401, Code: "auth.missing", Title: "Authentication required"}
 		}
 		return "", errors.New("unknown tenant")
 	}}})
 	if r := b.post(body1, "k"); r.status != 401 || r.problemCode(t) != "auth.missing" {
-		t.Errorf("ScopeFunc *Problem: %d %s", r.status, r.body)
+		t.Errorf("TenantFunc *Problem: %d %s", r.status, r.body)
 	}
 	r := b.do(http.MethodPost, "/things", body1, http.Header{"Authorization": {"x"}}, "k")
 	if r.status != 400 || r.problemCode(t) != idem.CodeScopeInvalid {
-		t.Errorf("ScopeFunc error: %d %s", r.status, r.body)
+		t.Errorf("TenantFunc error: %d %s", r.status, r.body)
 	}
 }
 

@@ -89,28 +89,23 @@ type Observer interface {
 	Observe(ctx context.Context, e Event)
 }
 
-// ObserverFunc adapts a function to Observer.
-type ObserverFunc func(ctx context.Context, e Event)
-
-// Observe calls f(ctx, e).
-func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
-
-// redactedKey logs a key as a short hash of its scope and value: enough to
-// correlate log lines about one key, useless for recovering it.
-type redactedKey struct{ scope, key string }
-
-func (k redactedKey) LogValue() slog.Value {
-	h := sha256.New()
-	h.Write([]byte(k.scope))
-	h.Write([]byte{0})
-	h.Write([]byte(k.key))
-	var sum [sha256.Size]byte
-	return slog.StringValue("sha256:" + hex.EncodeToString(h.Sum(sum[:0])[:6]))
+// RedactKey returns the form in which idem logs an idempotency key:
+// "sha256:" and the first 12 hex digits of the key's SHA-256. Equal keys
+// redact alike (in every tenant and operation), so an operator can follow
+// one key through the core's log lines and an access log that uses the same
+// function, while the log never holds the key itself, which clients
+// sometimes build from order or user identifiers.
+func RedactKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:6])
 }
 
-func (c *Config) keyAttr(scope, key string) slog.Attr {
-	if c.LogKeys {
-		return slog.String("key", key)
-	}
-	return slog.Any("key", redactedKey{scope, key})
+// redactedKey defers RedactKey until a log line is actually written.
+type redactedKey string
+
+func (k redactedKey) LogValue() slog.Value { return slog.StringValue(RedactKey(string(k))) }
+
+// keyAttr is the log attribute of an idempotency key.
+func keyAttr(key string) slog.Attr {
+	return slog.Any("key", redactedKey(key))
 }

@@ -23,18 +23,20 @@ const (
 	CodeResponseUnavailable = "idempotency.response_unavailable" // 409, no Retry-After
 	CodeStoreUnavailable    = "idempotency.store_unavailable"    // 503 + Retry-After
 	CodeLeaseLost           = "idempotency.lease_lost"           // 503 + Retry-After
+	CodeRecordUnreadable    = "idempotency.record_unreadable"    // 503 + Retry-After
 )
 
-// ProblemTypeBase prefixes the code to form a problem's "type" URI. Each
+// problemTypeBase prefixes the code to form a problem's "type" URI. Each
 // code is documented under its own heading in docs/semantics.md.
-const ProblemTypeBase = "https://github.com/idemhq/idem/blob/main/docs/semantics.md#"
+const problemTypeBase = "https://github.com/idemhq/idem/blob/main/docs/semantics.md#"
 
 // Problem is an RFC 9457 problem detail. It is also an error, so that
-// application hooks (FingerprintFunc, ScopeFunc) can return a complete
+// application hooks (FingerprintFunc, TenantFunc) can return a complete
 // response, such as a validation failure that lists each invalid field.
 type Problem struct {
-	// Type is a URI naming the problem type. Defaults to ProblemTypeBase
-	// followed by Code.
+	// Type is a URI naming the problem type. Defaults to
+	// https://github.com/idemhq/idem/blob/main/docs/semantics.md# followed
+	// by Code: each code is documented under its own anchor there.
 	Type string
 	// Title is a short, human-readable summary of the problem type.
 	Title string
@@ -65,7 +67,7 @@ func (p *Problem) Error() string {
 func (p *Problem) MarshalJSON() ([]byte, error) {
 	typ := p.Type
 	if typ == "" && p.Code != "" {
-		typ = ProblemTypeBase + p.Code
+		typ = problemTypeBase + p.Code
 	}
 	var b bytes.Buffer
 	b.WriteByte('{')

@@ -7,6 +7,12 @@ import (
 	"time"
 )
 
+// This file is the store author's API: the Store interface, its parameter
+// and result types, its sentinel errors and its optional capabilities
+// (TxStore, StoreTx, TxRenewer, Watcher). An application that only uses idem
+// never needs these names. How stable they are is stated under "For store
+// authors" in the package documentation (doc.go).
+
 // Store errors. Stores return them, possibly wrapped, and callers test them
 // with errors.Is.
 var (

@@ -3,11 +3,12 @@
 # every module in the workspace with the race detector (this includes the
 # benchmark harness's smoke run, bench.TestSmoke, and the install of every
 # module from a local module proxy, internal/releasetest), a short fuzzing pass over
-# each parser, one iteration of every benchmark, and the end-to-end script
-# against the real binary.
+# each parser, one iteration of every benchmark, the vulnerability audit
+# (scripts/vulncheck.sh) and the end-to-end script against the real binary.
 #
-# Server-backed tests use PostgreSQL and Redis on this machine
-# (IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL); they skip when a server is
+# Server-backed tests use PostgreSQL, Redis, NATS (JetStream) and RabbitMQ
+# on this machine (IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL,
+# IDEM_TEST_NATS_URL, IDEM_TEST_AMQP_URL); they skip when a server is
 # unreachable, unless CI is set, in which case they fail.
 #
 # FUZZTIME (default 10s) sets each fuzz target's time; 0 skips fuzzing.
@@ -32,8 +33,10 @@ go test -race -count=1 -timeout 15m github.com/idemhq/idem/...
 
 fuzztime=${FUZZTIME:-10s}
 if [[ "$fuzztime" != 0 ]]; then
-	# Every parser: the key, canonical JSON, stored responses, the proxy's
-	# configuration file, Retry-After in the client, the payment request.
+	# Every parser: the key, canonical JSON, stored responses, the keyring
+	# file and the encryption envelope, the proxy's configuration file,
+	# Retry-After in the client, the payment request, the --store value, the
+	# header search behind the proxy's Connection handling.
 	while read -r pkg target; do
 		step "fuzz $target ($fuzztime)"
 		go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" "$pkg" </dev/null
@@ -41,14 +44,23 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem FuzzParseKey
 		github.com/idemhq/idem FuzzCanonicalJSON
 		github.com/idemhq/idem FuzzResponseDecoding
+		github.com/idemhq/idem FuzzParseKeyring
+		github.com/idemhq/idem FuzzEnvelopeOpen
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzParseFile
 		github.com/idemhq/idem/idemclient FuzzRetryAfter
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidate
+		github.com/idemhq/idem/cmd/idem/internal/backend FuzzKindOf
+		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzDroppedConnection
+		github.com/idemhq/idem/outbox FuzzHeaders
+		github.com/idemhq/idem/cmd/idem/internal/events FuzzValidateSubject
 	EOF
 fi
 
 step "every benchmark once (-benchtime 1x), so that none rots"
 go test -run '^$' -bench . -benchtime 1x -count=1 github.com/idemhq/idem/...
+
+step "vulnerability audit: scripts/vulncheck.sh (govulncheck, offline database)"
+./scripts/vulncheck.sh
 
 step "end-to-end: scripts/verify.sh"
 ./scripts/verify.sh

@@ -120,6 +120,7 @@ func testConcurrency(t *testing.T, h Harness) {
 						return
 					}
 					r, err = b.store.Claim(b.ctx, b.other(p))
+					r = b.open(p, r)
 					if err != nil || r.Outcome != idem.ClaimCompleted || string(r.Record.Response.Body) != string(resp.Body) {
 						errs <- fmt.Errorf("worker %d key %d: replay %v %v", w, i, r.Outcome, err)
 						return

@@ -15,6 +15,11 @@
 // implements (idem.TxStore, idem.Watcher), and that every sentinel error is
 // returned where the contract names it, with errors.Is.
 //
+// With Harness.Encryption set, the suite runs as the core runs with
+// idem.Config.Encryption (sealed responses, hashed names). RunAtRest checks
+// encryption at rest through the middleware, reading the store's contents
+// with the database's own client (see Raw).
+//
 // It uses only the standard library's testing package.
 package storetest
 
@@ -49,6 +54,14 @@ type Harness struct {
 	// none left to delete. The suite then checks that expired records are
 	// gone and unexpired ones remain, without counting deletions.
 	SelfExpiring bool
+
+	// Encryption, when set, runs the suite as the core runs with
+	// Config.Encryption: every response the suite completes is sealed
+	// first (Store.Complete and StoreTx.Complete), every response a claim
+	// returns is opened before it is compared, and the suite's names pass
+	// through Encryption.StoredKey. The store itself is used as it is, so
+	// every optional capability is still checked.
+	Encryption *idem.Encryption
 }
 
 // Run runs the conformance suite.
@@ -125,7 +138,34 @@ func (c *clock) Advance(d time.Duration) {
 // names returns a fresh (scope, key) pair.
 func (b *bundle) names() (string, string) {
 	n := b.seq.Add(1)
-	return idem.Scope("tenant", "POST /things"), fmt.Sprintf("key-%d", n)
+	return b.h.Encryption.StoredKey(idem.Scope("tenant", "POST /things"), fmt.Sprintf("key-%d", n))
+}
+
+// seal returns resp as the core would hand it to the store for p's record.
+func (b *bundle) seal(p idem.ClaimParams, resp *idem.Response) *idem.Response {
+	b.t.Helper()
+	if resp == nil {
+		return nil
+	}
+	sealed, err := b.h.Encryption.Seal(b.ctx, p.Scope, p.Key, resp)
+	if err != nil {
+		b.t.Fatalf("Seal: %v", err)
+	}
+	return sealed
+}
+
+// open returns the response r's record holds as the core would read it.
+func (b *bundle) open(p idem.ClaimParams, r idem.ClaimResult) idem.ClaimResult {
+	if r.Record.Response == nil || b.h.Encryption == nil {
+		return r
+	}
+	resp, err := b.h.Encryption.Open(b.ctx, p.Scope, p.Key, r.Record.Response)
+	if err != nil {
+		b.t.Errorf("Open(%q): %v", p.Key, err)
+		return r
+	}
+	r.Record.Response = resp
+	return r
 }
 
 func (b *bundle) token() string {
@@ -144,7 +184,7 @@ func (b *bundle) claim(p idem.ClaimParams) idem.ClaimResult {
 	if err != nil {
 		b.t.Fatalf("Claim(%q): %v", p.Key, err)
 	}
-	return r
+	return b.open(p, r)
 }
 
 func (b *bundle) mustOutcome(p idem.ClaimParams, want idem.ClaimOutcome) idem.ClaimResult {
@@ -167,7 +207,7 @@ func (b *bundle) acquire(fp string) idem.ClaimParams {
 
 func (b *bundle) complete(p idem.ClaimParams, resp *idem.Response) error {
 	return b.store.Complete(b.ctx, idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
-		Response: resp, Now: b.clock.Now()})
+		Response: b.seal(p, resp), Now: b.clock.Now()})
 }
 
 func (b *bundle) release(p idem.ClaimParams) error {

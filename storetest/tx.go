@@ -18,7 +18,7 @@ func testTx(t *testing.T, h Harness) {
 	}
 	txStore := func(b *bundle) idem.TxStore { return b.store.(idem.TxStore) }
 	completeParams := func(b *bundle, p idem.ClaimParams, resp *idem.Response) idem.CompleteParams {
-		return idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, Now: b.clock.Now()}
+		return idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: b.seal(p, resp), Now: b.clock.Now()}
 	}
 
 	t.Run("CommitCompletes", func(t *testing.T) {

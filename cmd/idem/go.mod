@@ -4,6 +4,13 @@ go 1.26.0
 
 require (
 	github.com/idemhq/idem v0.2.0
+	github.com/idemhq/idem/amqpidem v0.2.0
+	github.com/idemhq/idem/natsidem v0.2.0
+	github.com/idemhq/idem/outbox v0.2.0
+	github.com/idemhq/idem/pgoutbox v0.2.0
+	github.com/idemhq/idem/sqliteoutbox v0.2.0
+	github.com/nats-io/nats.go v1.55.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.6
 )
@@ -12,10 +19,14 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/dunglas/httpsfv v1.1.2 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )

@@ -37,7 +37,7 @@ func main() {
 	}
 	mw, err := idem.NewMiddleware(store, &idem.Config{
 		// Records are per tenant: one tenant's key never meets another's.
-		ScopeFunc: func(r *http.Request) (string, error) { return tenantOf(r), nil },
+		TenantFunc: func(r *http.Request) (string, error) { return tenantOf(r), nil },
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"database/sql"
-	"io"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -221,14 +220,19 @@ func sqliteCount(t *testing.T, path string) int64 {
 
 // tcpProxy forwards TCP connections to a target, and can be cut (every
 // open connection closed, new ones closed as soon as accepted) and
-// restored. It makes a server unreachable to one process without touching
-// the server, which other tests share.
+// restored, or frozen: connections stay open, new ones are accepted, and
+// nothing is forwarded any more in either direction, as with a server (or
+// a network path) that hangs. It makes a server unreachable to one process
+// without touching the server, which other tests share.
 type tcpProxy struct {
 	ln     net.Listener
 	target string
 
 	mu    sync.Mutex
 	down  bool
+	thaw  chan struct{} // non-nil while frozen; closed to thaw
+	held  int           // reads withheld while frozen
+	heldc chan struct{} // closed and replaced whenever held grows
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup // the accept loop and the copying goroutines
 }
@@ -241,7 +245,7 @@ func newTCPProxy(t *testing.T, target string) *tcpProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &tcpProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &tcpProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, heldc: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -259,10 +263,19 @@ func (p *tcpProxy) accept() {
 			return // closed
 		}
 		p.mu.Lock()
-		down := p.down
+		down, frozen := p.down, p.thaw != nil
+		if frozen {
+			// A frozen server accepts (the kernel would) and never
+			// answers.
+			p.conns[c] = struct{}{}
+			p.countHeld()
+		}
 		p.mu.Unlock()
 		if down {
 			c.Close()
+			continue
+		}
+		if frozen {
 			continue
 		}
 		up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
@@ -286,9 +299,30 @@ func (p *tcpProxy) accept() {
 }
 
 // pipe copies from src to dst; when either side ends, both are closed.
+// While the proxy is frozen, what it reads is held back.
 func (p *tcpProxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			thaw := p.thaw
+			if thaw != nil {
+				p.countHeld()
+			}
+			p.mu.Unlock()
+			if thaw != nil {
+				<-thaw
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	p.mu.Lock()
 	delete(p.conns, dst)
 	delete(p.conns, src)
@@ -308,6 +342,62 @@ func (p *tcpProxy) cut() {
 	}
 }
 
+// countHeld records one more withheld read or connection; p.mu is held.
+func (p *tcpProxy) countHeld() {
+	p.held++
+	close(p.heldc)
+	p.heldc = make(chan struct{})
+}
+
+// freeze stops forwarding: open connections stay open, new ones are
+// accepted, nothing gets through, until thawed or closed.
+func (p *tcpProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.thaw == nil {
+		p.thaw = make(chan struct{})
+	}
+}
+
+// unfreeze forwards again.
+func (p *tcpProxy) unfreeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.thaw != nil {
+		close(p.thaw)
+		p.thaw = nil
+	}
+}
+
+// waitHeld waits until the frozen proxy has withheld more than n reads or
+// connections (some process is waiting on the frozen server), or fails
+// the test after timeout.
+func (p *tcpProxy) waitHeld(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		p.mu.Lock()
+		held, changed := p.held, p.heldc
+		p.mu.Unlock()
+		if held > n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			t.Fatalf("nothing reached the frozen proxy within %v", timeout)
+		}
+	}
+}
+
+// heldCount returns how many reads and connections were withheld so far.
+func (p *tcpProxy) heldCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
+}
+
 // restore forwards new connections again.
 func (p *tcpProxy) restore() {
 	p.mu.Lock()
@@ -319,5 +409,6 @@ func (p *tcpProxy) restore() {
 func (p *tcpProxy) close() {
 	p.ln.Close()
 	p.cut()
+	p.unfreeze()
 	p.wg.Wait()
 }

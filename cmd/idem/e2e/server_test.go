@@ -42,9 +42,16 @@ type server struct {
 // reports a data race or a graceful stop ends with a non-zero status.
 func startServer(t *testing.T, name string, args ...string) *server {
 	t.Helper()
+	return startCommand(t, name, "serve", args...)
+}
+
+// startCommand is startServer for any idem command that logs
+// "idem COMMAND listening" (serve, proxy, consume).
+func startCommand(t *testing.T, name, command string, args ...string) *server {
+	t.Helper()
 	began := time.Now()
 	s := &server{name: name, log: newServerLog(), exited: make(chan struct{})}
-	s.cmd = exec.Command(binary(t), append([]string{"serve", "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
+	s.cmd = exec.Command(binary(t), append([]string{command, "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if raceEnabled && os.Getenv("GORACE") == "" {
 		// A -race binary sleeps a second at exit by default, waiting for
@@ -169,7 +176,7 @@ func (s *server) mustMetric(t *testing.T, name string) float64 {
 const maxLogBytes = 8 << 20
 
 // serverLog collects a process's output and announces the address of its
-// JSON line {"msg":"idem serve listening","addr":"..."}.
+// JSON line {"msg":"idem serve listening","addr":"..."} (or idem proxy's).
 type serverLog struct {
 	listening chan string // receives the address once
 
@@ -198,7 +205,7 @@ func (l *serverLog) Write(p []byte) (int, error) {
 		}
 		l.scanned += i + 1
 		var line struct{ Msg, Addr string }
-		if json.Unmarshal(rest[:i], &line) == nil && line.Msg == "idem serve listening" && line.Addr != "" {
+		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem proxy listening" || line.Msg == "idem consume listening") && line.Addr != "" {
 			l.found = true
 			l.listening <- line.Addr
 		}

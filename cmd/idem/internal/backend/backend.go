@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -31,24 +33,74 @@ const (
 	Memory   Kind = "memory"
 )
 
+// Supported describes the forms a --db or --store value may take, for
+// error messages.
+const Supported = "a SQLite file path, postgres://… or postgresql://… (?idem_schema=NAME), " +
+	"redis://… or rediss://… (?prefix=TEXT), redis+cluster://host:port,host:port… (a Redis Cluster), or memory"
+
 // KindOf classifies a --db or --store value: a postgres:// or
 // postgresql:// URL (its query parameter idem_schema=NAME chooses the
 // records' schema, default "idem"), a redis:// or rediss:// URL (its query
 // parameter prefix=TEXT starts every key, default "idem:"), a
 // redis+cluster:// or rediss+cluster:// URL (a Redis Cluster, see
-// openRedisCluster), "memory", or else a SQLite file path.
-func KindOf(spec string) Kind {
-	switch {
-	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
-		return Postgres
-	case strings.HasPrefix(spec, "redis://"), strings.HasPrefix(spec, "rediss://"):
-		return Redis
-	case strings.HasPrefix(spec, "redis+cluster://"), strings.HasPrefix(spec, "rediss+cluster://"):
-		return RedisCluster
-	case spec == "memory":
-		return Memory
+// openRedisCluster), "memory", or a SQLite file path. Schemes are case-insensitive. A value that starts with
+// another URL scheme (letters, digits, "+", "-" or "." before a colon, at
+// least two characters: "mysql://x") or is a server address without one
+// ("localhost:6379") is an error naming the supported forms, not a file
+// name: a SQLite file whose name has such a colon is given as ./NAME.
+func KindOf(spec string) (Kind, error) {
+	if hostPort.MatchString(spec) {
+		return "", fmt.Errorf("%q is a server address, not a file; give a URL: %s", spec, Supported)
 	}
-	return SQLite
+	scheme, ok := schemeOf(spec)
+	if !ok {
+		if strings.EqualFold(spec, "memory") {
+			return Memory, nil
+		}
+		if spec == "" {
+			return "", errors.New("no store given; use " + Supported)
+		}
+		return SQLite, nil
+	}
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		return Postgres, nil
+	case "redis", "rediss":
+		return Redis, nil
+	case "redis+cluster", "rediss+cluster":
+		return RedisCluster, nil
+	}
+	return "", fmt.Errorf("%q is not a store idem knows (scheme %q); use %s", redact(spec), scheme, Supported)
+}
+
+// hostPort matches HOST:PORT ("127.0.0.1:6379", "[::1]:5432"), which is a
+// server's address given without its scheme, not a file name.
+var hostPort = regexp.MustCompile(`^[^/\\]+:[0-9]+$`)
+
+// schemeOf returns the URL scheme spec starts with (RFC 3986: a letter,
+// then letters, digits, "+", "-" or "."; then ":"). One letter is a
+// Windows drive (C:\x.db), not a scheme.
+func schemeOf(spec string) (string, bool) {
+	i := strings.IndexByte(spec, ':')
+	if i < 2 {
+		return "", false
+	}
+	for j, c := range spec[:i] {
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !letter && (j == 0 || !(c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return "", false
+		}
+	}
+	return spec[:i], true
+}
+
+// normalise lower-cases spec's scheme, which pgx and go-redis compare
+// case-sensitively.
+func normalise(spec string) string {
+	if scheme, ok := schemeOf(spec); ok {
+		return strings.ToLower(scheme) + spec[len(scheme):]
+	}
+	return spec
 }
 
 // Store is an opened records store and what else its backend offers.
@@ -70,13 +122,28 @@ type Store struct {
 	close func() error
 }
 
-// Close closes the store and its connections.
+// Close closes the store and its connections. It waits at most
+// closeTimeout: a pool whose connections are stuck on a server that stopped
+// answering (pgxpool.Close waits for every connection to be returned) must
+// not keep the process from exiting.
 func (s *Store) Close() error {
 	if s == nil || s.close == nil {
 		return nil
 	}
-	return s.close()
+	done := make(chan error, 1)
+	go func() { done <- s.close() }()
+	t := time.NewTimer(closeTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("%s: not closed within %v (connections still in use); abandoned", s.Where, closeTimeout)
+	}
 }
+
+// closeTimeout bounds Store.Close.
+const closeTimeout = 5 * time.Second
 
 // Options tune how Open opens a store.
 type Options struct {
@@ -85,19 +152,52 @@ type Options struct {
 	// effects are written in the same database, in the execution's
 	// transaction, which commits synchronously after the claim.
 	AsyncClaim bool
+
+	// OpenTimeout bounds opening the store: connecting, the first ping
+	// and creating the schema. A server that accepts connections but
+	// never answers makes Open fail after it instead of waiting forever.
+	// Defaults to DefaultOpenTimeout.
+	OpenTimeout time.Duration
 }
+
+// DefaultOpenTimeout bounds opening a store at start-up.
+const DefaultOpenTimeout = 15 * time.Second
+
+// pgConnectTimeout is pgx's connect_timeout (the TCP connection and the
+// start-up exchange of one connection) unless the URL sets its own. It
+// bounds every connection the pool opens, at start-up and later.
+const pgConnectTimeout = 5 * time.Second
 
 // Open opens the store named by spec with default options.
 func Open(ctx context.Context, spec string) (*Store, error) {
 	return OpenWith(ctx, spec, Options{})
 }
 
-// OpenWith opens the store named by spec.
+// OpenWith opens the store named by spec, and checks that it answers: a
+// PostgreSQL or Redis server that cannot be reached, or that does not
+// answer within o.OpenTimeout, is an error (the service does not start
+// half-working). Unknown schemes are errors (see KindOf).
 func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
-	if spec == "" {
-		return nil, errors.New("no store given")
+	kind, err := KindOf(spec)
+	if err != nil {
+		return nil, err
 	}
-	switch KindOf(spec) {
+	if o.OpenTimeout <= 0 {
+		o.OpenTimeout = DefaultOpenTimeout
+	}
+	start := time.Now()
+	octx, cancel := context.WithTimeout(ctx, o.OpenTimeout)
+	defer cancel()
+	s, err := open(octx, kind, normalise(spec), o)
+	var ne net.Error
+	if err != nil && ctx.Err() == nil && (octx.Err() != nil || errors.As(err, &ne) && ne.Timeout()) {
+		err = fmt.Errorf("%w (no answer after %v: the server accepts connections but does not answer)", err, time.Since(start).Round(100*time.Millisecond))
+	}
+	return s, err
+}
+
+func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error) {
+	switch kind {
 	case Postgres:
 		// idem_schema=NAME (stripped before the URL reaches pgx) puts the
 		// records in another schema than "idem".
@@ -105,9 +205,20 @@ func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}
-		pool, err := pgxpool.New(ctx, conn)
+		cfg, err := pgxpool.ParseConfig(conn)
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		if !mustQuery(conn).Has("connect_timeout") {
+			cfg.ConnConfig.ConnectTimeout = pgConnectTimeout
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		if err := pool.Ping(ctx); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres %s: cannot connect: %w", redact(spec), err)
 		}
 		s, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema, AsyncClaim: o.AsyncClaim})
 		if err != nil {
@@ -142,18 +253,23 @@ func OpenWith(ctx context.Context, spec string, o Options) (*Store, error) {
 			opts.WriteTimeout = redisTimeout
 		}
 		client := redis.NewClient(opts)
+		// Like PostgreSQL, Redis must answer at start: a typo in the URL
+		// fails at once instead of as 503s later. Once started, a Redis
+		// that goes away answers 503 and recovers by itself.
+		if err := client.Ping(ctx).Err(); err != nil {
+			client.Close()
+			return nil, fmt.Errorf("redis %s: cannot connect: %w", redact(spec), err)
+		}
 		s, err := redisstore.New(client, &redisstore.Config{Prefix: prefix})
 		if err != nil {
 			client.Close()
 			return nil, fmt.Errorf("redis: %w", err)
 		}
-		// Redis may be down at start: the service starts anyway, answers
-		// 503 while it is, and recovers by itself.
 		return &Store{Records: s, Kind: Redis, Where: "Redis " + redact(spec),
 			Ping:  func(ctx context.Context) error { return client.Ping(ctx).Err() },
 			close: client.Close}, nil
 	case RedisCluster:
-		return openRedisCluster(spec)
+		return openRedisCluster(ctx, spec)
 	case Memory:
 		s, err := memstore.New(nil)
 		if err != nil {

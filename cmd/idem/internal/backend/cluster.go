@@ -32,7 +32,7 @@ const RedisCluster Kind = "redis-cluster"
 //     replicas acknowledged it (Redis WAIT; redisstore.Config.WaitReplicas),
 //     so that a failover does not forget it;
 //   - wait_timeout=DURATION bounds that wait (default 100ms).
-func openRedisCluster(spec string) (*Store, error) {
+func openRedisCluster(ctx context.Context, spec string) (*Store, error) {
 	scheme, rest, _ := strings.Cut(spec, "+cluster://")
 	authority, query, _ := strings.Cut(rest, "?")
 	authority, path, _ := strings.Cut(authority, "/")
@@ -82,6 +82,11 @@ func openRedisCluster(spec string) (*Store, error) {
 		opts.WriteTimeout = redisTimeout
 	}
 	client := redis.NewClusterClient(opts)
+	// As for a single Redis: the cluster must answer at start.
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis cluster %s: cannot connect: %w", redact(spec), err)
+	}
 	s, err := redisstore.New(client, &cfg)
 	if err != nil {
 		client.Close()

@@ -11,9 +11,9 @@ import (
 )
 
 func TestKindOfRedisCluster(t *testing.T) {
-	for _, spec := range []string{"redis+cluster://a:1,b:2", "rediss+cluster://u:p@a:1"} {
-		if k := KindOf(spec); k != RedisCluster {
-			t.Errorf("KindOf(%q) = %q, want %q", spec, k, RedisCluster)
+	for _, spec := range []string{"redis+cluster://a:1,b:2", "rediss+cluster://u:p@a:1", "Redis+Cluster://a:1"} {
+		if k, err := KindOf(spec); err != nil || k != RedisCluster {
+			t.Errorf("KindOf(%q) = %q, %v, want %q", spec, k, err, RedisCluster)
 		}
 	}
 }

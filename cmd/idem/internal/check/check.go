@@ -72,6 +72,16 @@ type Options struct {
 	Concurrency int
 	// Timeout bounds each request. Defaults to 10 seconds.
 	Timeout time.Duration
+	// CountURL, when set, is a URL answering GET with {"count":N}: the
+	// number of times the operation has run (the payments demo's
+	// /api/payments/count). Each check then also verifies executions, not
+	// only responses: the count must grow by exactly the number of new
+	// keys the check got a success for (one per check that sends a new
+	// key, two for the tenant check), and by zero for replays and refused
+	// requests; any other growth is a FAIL. The count must be this run's
+	// alone: nothing else may run the operation meanwhile. Defaults to
+	// none: executions are inferred from responses.
+	CountURL string
 	// Client sends the requests. Its redirects should not be followed,
 	// since a redirect is a response to compare like any other. Its
 	// transport's TLS configuration, if it is an *http.Transport, is also
@@ -190,21 +200,28 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer r.close()
 	rep := &Report{Method: r.o.Method, URL: r.o.URL}
 
+	before, err := r.count(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("check: --count-url %s: %w", r.o.CountURL, err)
+	}
 	// The first check doubles as the reachability test.
 	c, err := r.missingKey(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("check: %s %s: %w", r.o.Method, r.o.URL, err)
 	}
+	c, before = r.verifyCount(ctx, c, before, 0)
 	rep.Checks = append(rep.Checks, c)
 	for _, f := range []func(context.Context) Check{
 		r.malformedKeys, r.firstRequest, r.replay, r.keyForms, r.jsonForms,
 		r.payloadMismatch, r.concurrentDuplicates, r.tenantIsolation,
 	} {
+		n := r.expectedExecutions()
 		c := f(ctx)
 		if err := ctx.Err(); err != nil {
 			// c may blame the endpoint for the cancellation: leave it out.
 			return rep, fmt.Errorf("check: %w", err)
 		}
+		c, before = r.verifyCount(ctx, c, before, r.expectedExecutions()-n)
 		rep.Checks = append(rep.Checks, c)
 	}
 	rep.Checks = append(rep.Checks, r.problemDetails(), r.expiry())
@@ -225,6 +242,9 @@ type runner struct {
 	// second execution.
 	executions [][]byte
 	markerSeen bool
+	// expected counts the executions the checks caused as far as the
+	// responses tell: one per new key answered with success.
+	expected int
 
 	first *exchange // the first request's successful response
 	key3  string    // its key
@@ -459,7 +479,92 @@ func (r *runner) executeNew(ctx context.Context, c *Check, q request) (xs []*exc
 func (r *runner) executed(x *exchange) {
 	r.mu.Lock()
 	r.executions = append(r.executions, x.body)
+	r.expected++
 	r.mu.Unlock()
+}
+
+func (r *runner) expectedExecutions() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.expected
+}
+
+// maxCountBody bounds the count endpoint's answer.
+const maxCountBody = 64 << 10
+
+// count reads the execution count at CountURL (0 without one).
+func (r *runner) count(ctx context.Context) (int64, error) {
+	if r.o.CountURL == "" {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.o.CountURL, nil)
+	if err != nil {
+		return 0, err
+	}
+	for k, vs := range r.o.Headers {
+		if k != "Content-Type" {
+			req.Header[k] = vs
+		}
+	}
+	resp, err := r.o.Client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxCountBody))
+	if err != nil {
+		return 0, fmt.Errorf("reading the count: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET answered %d, want 200 with {\"count\":N}", resp.StatusCode)
+	}
+	var v struct {
+		Count *json.Number `json:"count"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil || v.Count == nil {
+		return 0, fmt.Errorf("the answer %.100q is not {\"count\":N}", b)
+	}
+	n, err := v.Count.Int64()
+	if err != nil {
+		return 0, fmt.Errorf("the count %s is not a whole number", *v.Count)
+	}
+	return n, nil
+}
+
+// verifyCount reads the count after check c, whose requests should have
+// run the operation want times since the count was before, and turns c
+// into a FAIL when the count grew otherwise. It returns the check and the
+// count to compare the next check with. Without CountURL it returns c
+// unchanged.
+func (r *runner) verifyCount(ctx context.Context, c Check, before int64, want int) (Check, int64) {
+	if r.o.CountURL == "" {
+		return c, before
+	}
+	after, err := r.count(ctx)
+	if err != nil {
+		c.Details = append(c.Details, "was: "+string(c.Status)+" "+c.Reason)
+		c.Status, c.Reason = Fail, "the execution count could not be read: "+err.Error()
+		return c, before
+	}
+	grew := after - before
+	if grew == int64(want) {
+		if c.Status != Skip {
+			c.Reason += fmt.Sprintf("; executions verified: the count grew by %d", grew)
+		}
+		return c, after
+	}
+	c.Details = append(c.Details, "was: "+string(c.Status)+" "+c.Reason)
+	c.Status = Fail
+	c.Reason = fmt.Sprintf("the operation ran %d time(s) during this check by the count at --count-url, but %s",
+		grew, plural(want, "new key was answered with success", "new keys were answered with success"))
+	if want == 0 {
+		c.Reason = fmt.Sprintf("the operation ran %d time(s) during this check by the count at --count-url, for replays and refused requests that must not run it", grew)
+	}
+	return c, after
 }
 
 // bodiesAlike reports whether two executions under distinct keys returned
@@ -533,7 +638,8 @@ func describe(xs []*exchange) []string {
 // bodies when the endpoint gives two executions the same body and marks no
 // replays: their PASS proves less than it says.
 func (r *runner) qualify(rep *Report) {
-	if r.markerSeen || !r.bodiesAlike() {
+	if r.o.CountURL != "" || r.markerSeen || !r.bodiesAlike() {
+		// Executions counted, or told apart by markers or bodies.
 		return
 	}
 	for i, c := range rep.Checks {

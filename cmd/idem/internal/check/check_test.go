@@ -51,7 +51,7 @@ func newIdemServer(t *testing.T, p *payments, tls bool) *httptest.Server {
 		t.Fatal(err)
 	}
 	mw, err := idem.NewMiddleware(store, &idem.Config{
-		ScopeFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+		TenantFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestCorrectServerPasses(t *testing.T) {
 			t.Fatal(err)
 		}
 		mw, err := idem.NewMiddleware(store, &idem.Config{
-			ScopeFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+			TenantFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -430,7 +430,7 @@ func TestDefectiveServers(t *testing.T) {
 		{name: "no flaws"},
 		{name: "accepts missing key", flaws: flaws{acceptsMissingKey: true}, fail: "missing-key", why: "executed without an Idempotency-Key"},
 		{name: "no fingerprint", flaws: flaws{noFingerprint: true}, fail: "payload-mismatch", why: "not fingerprinted"},
-		{name: "no in-flight detection", flaws: flaws{noInFlight: true}, fail: "concurrent-duplicates", why: "were executed 2 times"},
+		{name: "no in-flight detection", flaws: flaws{noInFlight: true}, fail: "concurrent-duplicates", why: "got 2 distinct success responses"},
 		{name: "5xx stored", flaws: flaws{stores5xx: true}, failFirst: true, fail: "first-request", why: "503 was stored and replayed"},
 		{name: "keys not scoped by tenant", flaws: flaws{unscoped: true}, fail: "tenant-isolation", why: "not scoped by tenant"},
 		{name: "text/plain errors", flaws: flaws{plainErrors: true}, warn: "problem-details", why: "not application/problem+json"},
@@ -478,7 +478,7 @@ func TestIndistinguishableBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := idem.NewMiddleware(store, &idem.Config{
-		ScopeFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+		TenantFunc: func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -590,5 +590,121 @@ func TestReportOutput(t *testing.T) {
 	}
 	if len(back.Checks) != len(rep.Checks) || back.URL != rep.URL || !back.Failed() {
 		t.Errorf("JSON round trip lost data: %s", js.String())
+	}
+}
+
+// countHandler answers GET with {"count":N}, N the executions of p.
+func countHandler(p *payments) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"count":%d}`, p.n.Load())
+	})
+}
+
+// With --count-url, a correct endpoint passes every check, each with its
+// executions verified by the count.
+func TestCountURLVerifiesExecutions(t *testing.T) {
+	t.Parallel()
+	p := &payments{}
+	api := newIdemServer(t, p, false)
+	counter := httptest.NewServer(countHandler(p))
+	t.Cleanup(counter.Close)
+	o := options(api.URL)
+	o.CountURL = counter.URL
+	rep := run(t, o)
+	wantAllPass(t, rep)
+	for _, name := range []string{"missing-key", "first-request", "replay", "concurrent-duplicates", "tenant-isolation"} {
+		if c, _ := rep.Check(name); !strings.Contains(c.Reason, "executions verified") {
+			t.Errorf("%s: %s", name, c.Reason)
+		}
+	}
+}
+
+// cachingServer runs the operation on every request with a key but answers
+// with the first response for that key, marked as a replay: its responses
+// look idempotent while its side effects are not.
+type cachingServer struct {
+	p     *payments
+	mu    sync.Mutex
+	cache map[string][]byte
+}
+
+func (s *cachingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" || strings.ContainsAny(key, ",") || len(r.Header.Values("Idempotency-Key")) > 1 {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"title":"bad key","status":400}`)
+		return
+	}
+	rec := httptest.NewRecorder()
+	s.p.ServeHTTP(rec, r) // the side effect, every time
+	scope := r.Header.Get("Authorization") + "\x00" + strings.Trim(key, `"`)
+	s.mu.Lock()
+	body, cached := s.cache[scope]
+	if !cached {
+		body = rec.Body.Bytes()
+		s.cache[scope] = body
+	}
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Idempotency-Replayed", fmt.Sprint(cached))
+	w.WriteHeader(http.StatusCreated)
+	w.Write(body)
+}
+
+// A server that executes every request but answers the cached body passes
+// the replay and concurrency checks on responses alone ("one distinct
+// response"); the count at --count-url shows the executions and fails them.
+func TestCountURLCatchesHiddenExecutions(t *testing.T) {
+	t.Parallel()
+	p := &payments{}
+	api := httptest.NewServer(&cachingServer{p: p, cache: map[string][]byte{}})
+	t.Cleanup(api.Close)
+	counter := httptest.NewServer(countHandler(p))
+	t.Cleanup(counter.Close)
+
+	o := options(api.URL)
+	rep := run(t, o)
+	for _, name := range []string{"replay", "concurrent-duplicates"} {
+		if c, _ := rep.Check(name); c.Status != check.Pass {
+			t.Fatalf("without --count-url %s: %s %s (the responses alone look right)", name, c.Status, c.Reason)
+		}
+	}
+	if c, _ := rep.Check("concurrent-duplicates"); !strings.Contains(c.Reason, "one distinct response") {
+		t.Errorf("concurrent-duplicates says more than it saw: %s", c.Reason)
+	}
+
+	o.CountURL = counter.URL
+	rep = run(t, o)
+	for _, name := range []string{"replay", "concurrent-duplicates", "key-forms", "json-equivalence"} {
+		c, _ := rep.Check(name)
+		if c.Status != check.Fail || !strings.Contains(c.Reason, "--count-url") {
+			t.Errorf("with --count-url %s: %s %s, want a FAIL by the count", name, c.Status, c.Reason)
+		}
+	}
+	if c, _ := rep.Check("first-request"); c.Status != check.Pass {
+		t.Errorf("first-request: %s %s", c.Status, c.Reason)
+	}
+}
+
+// A count URL that does not answer {"count":N} stops the run before any
+// request is sent.
+func TestCountURLErrors(t *testing.T) {
+	t.Parallel()
+	p := &payments{}
+	api := newIdemServer(t, p, false)
+	for _, answer := range []string{`{"total":1}`, `not json`, `{"count":1.5}`} {
+		bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, answer) }))
+		o := options(api.URL)
+		o.CountURL = bad.URL
+		rep, err := check.Run(context.Background(), o)
+		bad.Close()
+		if err == nil || rep != nil || !strings.Contains(err.Error(), "count") {
+			t.Errorf("count answer %s: report %v, error %v", answer, rep, err)
+		}
+	}
+	if n := p.n.Load(); n != 0 {
+		t.Errorf("%d executions", n)
 	}
 }

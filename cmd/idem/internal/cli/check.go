@@ -17,7 +17,9 @@ const checkAbout = `Grades an HTTP endpoint that claims to implement the Idempot
 pattern, over real HTTP: missing and malformed keys, first execution, exact
 replay, quoted and bare keys, reordered JSON, a reused key with another
 payload, simultaneous duplicates, tenant isolation, problem+json errors and
-expiry information. Each check prints PASS, FAIL, WARN or SKIP with a reason.
+expiry information. Responses alone show what was answered ("one distinct
+response"), not how often the operation ran: --count-url verifies that.
+Each check prints PASS, FAIL, WARN or SKIP with a reason.
 Exit status: 0 when nothing failed, 1 on any FAIL, 2 when the endpoint could
 not be checked.
 
@@ -27,10 +29,10 @@ environment.
 Example:
   idem check --body '{"amountCents":100,"currency":"USD","reference":"t"}' \
     --header 'Authorization: Bearer a' --second-tenant-header 'Authorization: Bearer b' \
-    http://127.0.0.1:8080/api/payments`
+    --count-url http://127.0.0.1:8080/api/payments/count http://127.0.0.1:8080/api/payments`
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("check", checkAbout, stderr)
+	f := newFlags("check", checkAbout, stdout, stderr)
 	method := f.String("method", check.DefaultMethod, "request method")
 	body := f.String("body", "", "request body sent by every check (@file reads a file)")
 	variant := f.String("variant", "", "a different body, sent with a used key (expects 422); default:\nthe body with its first member changed (@file reads a file)")
@@ -39,6 +41,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	f.Var(&second, "second-tenant-header", "a header field that makes requests as a second tenant, replacing\nthe --header of the same name (repeatable); enables the tenant check")
 	concurrency := f.Int("concurrency", 20, "simultaneous duplicates sent by the concurrency check")
 	timeout := f.Duration("timeout", 10*time.Second, "bound on each request")
+	countURL := f.String("count-url", "", "a URL answering GET with {\"count\":N}, the number of times the\noperation ran (the demo's /api/payments/count): each check then\nverifies executions, not only responses (a new key +1, replays and\nrefused requests +0; anything else is a FAIL)")
 	asJSON := f.Bool("json", false, "print the report as JSON")
 	if code, ok := f.parse(args); !ok {
 		return code
@@ -47,7 +50,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if len(pos) != 1 {
 		return f.usageError("give exactly one URL to check")
 	}
-	o := check.Options{URL: pos[0], Method: strings.ToUpper(*method), Concurrency: *concurrency, Timeout: *timeout}
+	o := check.Options{URL: pos[0], Method: strings.ToUpper(*method), Concurrency: *concurrency, Timeout: *timeout, CountURL: *countURL}
 	var err error
 	if o.Body, err = readArg(*body); err != nil {
 		return f.usageError("--body: %v", err)

@@ -2,6 +2,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -10,8 +11,11 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem"
 )
 
 // command is one subcommand.
@@ -27,6 +31,7 @@ func commands() []command {
 		{"proxy", "run a reverse proxy that makes any HTTP API retry-safe", runProxy},
 		{"check", "grade an HTTP endpoint against the Idempotency-Key contract", runCheck},
 		{"cleanup", "delete expired idempotency records in batches", runCleanup},
+		{"consume", "book payment events into a ledger exactly once (inbox demo)", runConsume},
 		{"version", "print the version", runVersion},
 	}
 }
@@ -85,10 +90,14 @@ func runVersion(_ context.Context, _ []string, stdout, _ io.Writer) int {
 }
 
 // flags is a flag set whose flags also read IDEM_* environment variables.
+// --help prints the usage on stdout (exit 0); a bad flag is reported on
+// stderr with a pointer to --help, not the whole usage.
 type flags struct {
 	*flag.FlagSet
-	about string
-	args  []string // positional arguments, wherever they stood
+	about  string
+	args   []string // positional arguments, wherever they stood
+	stdout io.Writer
+	usage  bytes.Buffer // what the flag package's Usage call printed
 }
 
 // serverFlags are the flags idem serve and idem proxy share.
@@ -96,23 +105,29 @@ type serverFlags struct {
 	addr, logFormat *string
 	accessLog       *bool
 	wait, cleanup   *time.Duration
+	shutdown        *time.Duration
+	storeTimeout    *time.Duration
 }
 
 func (f *flags) serverFlags() serverFlags {
 	return serverFlags{
-		addr:      f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)"),
-		wait:      f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once"),
-		logFormat: f.String("log-format", "text", "log format: text or json"),
-		accessLog: f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
-		cleanup:   f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
+		addr:         f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)"),
+		wait:         f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once"),
+		logFormat:    f.String("log-format", "text", "log format: text or json"),
+		accessLog:    f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
+		cleanup:      f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
+		storeTimeout: f.Duration("store-timeout", idem.DefaultStoreTimeout, "bound on each call to the records store (the claim included): a store\nthat does not answer within it gets 503 idempotency.store_unavailable\nwith Retry-After"),
+		shutdown:     f.Duration("shutdown-timeout", defaultShutdownTimeout, "on SIGTERM or SIGINT, how long in-flight requests may finish; then\nthe process exits anyway (status 1), whatever its store is doing"),
 	}
 }
 
-func newFlags(name, about string, stderr io.Writer) *flags {
-	f := &flags{FlagSet: flag.NewFlagSet("idem "+name, flag.ContinueOnError), about: about}
+func newFlags(name, about string, stdout, stderr io.Writer) *flags {
+	f := &flags{FlagSet: flag.NewFlagSet("idem "+name, flag.ContinueOnError), about: about, stdout: stdout}
 	f.SetOutput(stderr)
 	f.Usage = func() {
-		out := f.Output()
+		// Kept until parse knows whether help was asked for (stdout) or
+		// a flag was wrong (stderr gets a pointer to --help instead).
+		out := &f.usage
 		fmt.Fprintf(out, "Usage: idem %s [flags]%s\n\n%s\n\nFlags (each also from its environment variable):\n", name, argsHint(name), strings.TrimSpace(about))
 		var names []string
 		f.VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
@@ -152,8 +167,10 @@ func (f *flags) parse(args []string) (int, bool) {
 	for {
 		if err := f.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				_, _ = f.usage.WriteTo(f.stdout)
 				return exitOK, false
 			}
+			fmt.Fprintf(f.Output(), "Run \"%s --help\" for its flags.\n", f.Name())
 			return exitUsage, false
 		}
 		args = f.Args()
@@ -190,6 +207,32 @@ func (f *flags) positional() []string { return f.args }
 func (f *flags) usageError(format string, args ...any) int {
 	fmt.Fprintf(f.Output(), "idem %s: %s\n", strings.TrimPrefix(f.Name(), "idem "), fmt.Sprintf(format, args...))
 	return exitUsage
+}
+
+// Duration defines a duration flag like flag.FlagSet.Duration, whose
+// error for a bad value says what a duration looks like (flag's own says
+// "parse error").
+func (f *flags) Duration(name string, value time.Duration, usage string) *time.Duration {
+	d := value
+	f.Var((*durationValue)(&d), name, usage)
+	return &d
+}
+
+// durationValue is a time.Duration flag.Value.
+type durationValue time.Duration
+
+func (d *durationValue) String() string { return (*time.Duration)(d).String() }
+
+func (d *durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+			return fmt.Errorf("%q has no unit: write a duration such as %ss, 5m or 24h", s, s)
+		}
+		return fmt.Errorf("%q is not a duration: write one such as 30s, 5m, 1h30m or 24h", s)
+	}
+	*d = durationValue(v)
+	return nil
 }
 
 // multiFlag is a repeatable string flag.

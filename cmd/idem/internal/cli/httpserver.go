@@ -2,12 +2,12 @@ package cli
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -21,14 +21,18 @@ const (
 	readHeaderTimeout = 10 * time.Second
 	readTimeout       = 60 * time.Second
 	idleTimeout       = 120 * time.Second
-	shutdownTimeout   = 30 * time.Second
-	maxHeaderBytes    = 64 << 10
+	// defaultShutdownTimeout is --shutdown-timeout's default.
+	defaultShutdownTimeout = 30 * time.Second
+	maxHeaderBytes         = 64 << 10
 )
 
 // serveHTTP runs h on ln until ctx ends, then shuts down gracefully: it
 // stops accepting, lets in-flight requests finish (and complete their
-// records), and returns. extraWrite is added to the write timeout.
-func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger, extraWrite time.Duration) error {
+// records) for up to grace, and returns. Requests still running then (a
+// store that stopped answering, an upstream that never does) have their
+// connections closed and are abandoned: the caller returns and the process
+// exits. extraWrite is added to the write timeout.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger, extraWrite, grace time.Duration) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -46,10 +50,16 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slo
 		return err
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down: waiting for in-flight requests", "timeout", shutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	logger.Info("shutting down: waiting for in-flight requests", "timeout", grace)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	err := srv.Shutdown(sctx)
+	if err != nil {
+		// The grace period passed: close every connection, which cancels
+		// the requests' contexts, and stop waiting for their handlers.
+		_ = srv.Close()
+		err = fmt.Errorf("in-flight requests did not finish within the shutdown timeout (%v); abandoned them: %w", grace, err)
+	}
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
 	}
@@ -80,14 +90,24 @@ func logRequest(logger *slog.Logger, r *http.Request, sw *metrics.StatusWriter, 
 		slog.Int64("bytes", sw.Bytes),
 		slog.Duration("duration", time.Since(start)),
 	}
-	if k := r.Header.Get(idem.HeaderKey); k != "" {
-		sum := sha256.Sum256([]byte(k))
-		attrs = append(attrs, slog.String("key", "sha256:"+hex.EncodeToString(sum[:6])))
+	if vs := r.Header.Values(idem.HeaderKey); len(vs) > 0 {
+		attrs = append(attrs, slog.String("key", logKey(vs)))
 	}
 	if rp := sw.Header().Get(idem.HeaderReplayed); rp != "" {
 		attrs = append(attrs, slog.String("replayed", rp))
 	}
 	logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+}
+
+// logKey redacts a request's Idempotency-Key fields for the access log as
+// the core redacts keys in its own log lines (idem.RedactKey of the parsed
+// key), so that one key has one hash in every line: "k" and k, which are
+// one key, hash alike. A key that does not parse is hashed as sent.
+func logKey(values []string) string {
+	if key, err := idem.ParseKey(values); err == nil {
+		return idem.RedactKey(key)
+	}
+	return idem.RedactKey(strings.Join(values, ", "))
 }
 
 // health answers 200 while every store answers a ping, 503 otherwise.
@@ -134,6 +154,9 @@ func cleanupLoop(ctx context.Context, s idem.Store, every time.Duration, logger 
 	}
 }
 
+// cleanupBatchTimeout bounds one batch of deleteExpired.
+const cleanupBatchTimeout = 30 * time.Second
+
 // deleteExpired deletes expired records in batches of batch until a batch
 // comes back short (or maxBatches, if positive, were run). With pace set it
 // pauses after each batch as long as the batch took, so that traffic gets
@@ -143,7 +166,12 @@ func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int, pac
 	total := 0
 	for i := 0; maxBatches <= 0 || i < maxBatches; i++ {
 		start := time.Now()
-		n, err := s.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: batch, Now: start})
+		// The core bounds its own store calls; this one is the
+		// application's, so it bounds it too: a store that stopped
+		// answering must not hold a batch forever.
+		bctx, cancel := context.WithTimeout(ctx, cleanupBatchTimeout)
+		n, err := s.DeleteExpired(bctx, idem.DeleteExpiredParams{Limit: batch, Now: start})
+		cancel()
 		total += n
 		if err != nil {
 			return total, err
@@ -162,4 +190,12 @@ func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int, pac
 		}
 	}
 	return total, nil
+}
+
+// closeStore closes a store at exit, within a bound (see
+// backend.Store.Close), and logs a failure.
+func closeStore(s *backend.Store, logger *slog.Logger) {
+	if err := s.Close(); err != nil {
+		logger.Warn("closing the store", "error", err)
+	}
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,7 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
@@ -23,7 +26,10 @@ a retry replays the stored response byte for byte; a duplicate of a running
 request gets 409; a reused key with another payload gets 422. Other methods
 pass through untouched. Upstream 5xx answers, an unreachable upstream (502)
 and a timeout (504) release the key, so a retry runs again. Records are
-scoped by a SHA-256 of the Authorization header (--scope-header).
+scoped by a SHA-256 of the Authorization header (--scope-header); a
+protected request without it gets 400 proxy.scope_missing, since it cannot
+be told apart from another client's. --scope-header none puts every client
+in one key space.
 
 --config FILE (YAML) sets per-route rules (key required/optional/off, TTL,
 lease, outcome policy, scope, limits, wait); --check-config FILE validates a
@@ -34,7 +40,7 @@ checked) and GET /metrics (Prometheus) itself, unless --admin-addr moves them
 to their own listener; every other request is forwarded.`
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("proxy", proxyAbout, stderr)
+	f := newFlags("proxy", proxyAbout, stdout, stderr)
 	sf := f.serverFlags()
 	upstreamURL := f.String("upstream", "", "base URL of the service to protect, such as http://127.0.0.1:9000\n(required)")
 	storeSpec := f.String("store", "idem-proxy.db", "where records live: a SQLite file path, a postgres:// URL\n(?idem_schema=NAME picks the schema), a redis:// URL (?prefix=TEXT\nstarts every key), or memory (this process only)")
@@ -44,7 +50,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim holds a key without renewal (renewed while the\nupstream works; after a proxy crash a retry runs again after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a record and its response are kept; retries within it replay")
 	upstreamTimeout := f.Duration("upstream-timeout", proxy.DefaultUpstreamTimeout, "how long the upstream may take to answer (the whole exchange for\nprotected requests, the response header for others); then 504 and\nthe key is released")
-	scopeHeader := f.String("scope-header", proxy.DefaultScopeHeader, "request header whose SHA-256 scopes records (one client's keys\nnever meet another's); empty: one scope for everyone")
+	scopeHeader := f.String("scope-header", proxy.DefaultScopeHeader, "request header whose SHA-256 scopes records (one client's keys\nnever meet another's; a protected request without it gets 400\nproxy.scope_missing); none: one key space for every client")
+	encKeys := f.encryptionFlag()
 	maxRequest := proxy.SizeFlag(idem.DefaultMaxRequestBody)
 	f.Var(&maxRequest, "max-request-body", "largest body of a protected request (413 above it); units KiB, MiB,\nKB, MB...")
 	maxResponse := proxy.SizeFlag(idem.DefaultMaxResponseBody)
@@ -58,9 +65,18 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := positiveDuration("cleanup-interval", *sf.cleanup, true); err != nil {
 		return f.usageError("%v", err)
 	}
+	if err := positiveDuration("shutdown-timeout", *sf.shutdown, false); err != nil {
+		return f.usageError("%v", err)
+	}
+	if err := positiveDuration("store-timeout", *sf.storeTimeout, false); err != nil {
+		return f.usageError("%v", err)
+	}
+	if _, err := backend.KindOf(*storeSpec); err != nil {
+		return f.usageError("--store: %v", err)
+	}
 	base := proxy.DefaultSettings()
 	base.Lease, base.TTL, base.Wait, base.UpstreamTimeout = *lease, *ttl, *sf.wait, *upstreamTimeout
-	base.ScopeHeader = *scopeHeader
+	base.ScopeHeader = proxy.ParseScopeHeader(*scopeHeader)
 	base.MaxRequestBody, base.MaxResponseBody = int64(maxRequest), int64(maxResponse)
 	if err := base.Validate(); err != nil {
 		// Settings name fields as the configuration file does; the flags
@@ -96,15 +112,21 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 
+	enc, encAttr, err := loadEncryption(*encKeys)
+	if err != nil {
+		fmt.Fprintf(stderr, "idem proxy: --encryption-keys: %v\n", err)
+		return exitError
+	}
+
 	store, err := backend.Open(ctx, *storeSpec)
 	if err != nil {
 		logger.Error("cannot open the store", "store", *storeSpec, "error", err)
 		return exitError
 	}
-	defer store.Close()
+	defer closeStore(store, logger)
 
 	m := metrics.New()
-	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger}
+	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger, StoreTimeout: *sf.storeTimeout, Encryption: enc}
 	if file != nil {
 		cfg.Routes = file.ProxyRoutes()
 	}
@@ -133,6 +155,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot listen", "addr", *sf.addr, "error", err)
 		return exitError
 	}
+	if selfUpstream(ctx, upstream, ln.Addr()) {
+		ln.Close()
+		logger.Error("the upstream is the proxy's own address: every request would loop", "upstream", upstream.Redacted(), "addr", ln.Addr().String())
+		return exitError
+	}
 	var adminLn net.Listener
 	adminWhere := "/healthz and /metrics on the proxy's address (not forwarded)"
 	if *adminAddr != "" {
@@ -150,11 +177,15 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	attrs := []any{"addr", ln.Addr().String(), "url", "http://" + ln.Addr().String(),
 		"upstream", upstream.Redacted(), "store", store.Where, "admin", adminWhere,
 		"config", *configPath, "routes", routes,
-		"lease", *lease, "ttl", *ttl, "wait", *sf.wait, "upstream_timeout", *upstreamTimeout, "scope_header", *scopeHeader}
+		"lease", *lease, "ttl", *ttl, "wait", *sf.wait, "upstream_timeout", *upstreamTimeout, "scope_header", cmp.Or(base.ScopeHeader, proxy.NoScope), encAttr}
 	if adminLn != nil {
 		attrs = append(attrs, "admin_addr", adminLn.Addr().String())
 	}
 	logger.Info("idem proxy listening", attrs...)
+	if unscoped := unscopedRoutes(base, file); len(unscoped) > 0 {
+		logger.Warn("idempotency records are not scoped (scope none): every client shares one key space, so one client's retry can receive another's stored response if they pick the same key",
+			"routes", unscoped)
+	}
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
@@ -166,14 +197,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	adminErr := make(chan error, 1)
 	if adminLn != nil {
 		go func() {
-			err := serveHTTP(sctx, adminLn, accessLog(logger, *sf.accessLog, admin), logger, 0)
+			err := serveHTTP(sctx, adminLn, accessLog(logger, *sf.accessLog, admin), logger, 0, *sf.shutdown)
 			stop()
 			adminErr <- err
 		}()
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, handler), logger, px.MaxHandlerTime())
+	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, handler), logger, px.MaxHandlerTime(), *sf.shutdown)
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {
@@ -206,13 +237,74 @@ func checkProxyConfig(path string, base proxy.Settings, stdout, stderr io.Writer
 		if s.Key == idem.KeyByMethod {
 			key += " " + strings.Join(s.Methods, ",")
 		}
-		scope := s.ScopeHeader
-		if scope == "" {
-			scope = "none"
-		}
+		scope := cmp.Or(s.ScopeHeader, proxy.NoScope)
 		fmt.Fprintf(stdout, "  line %d: %s\n    key %s; lease %v; ttl %v; wait %v; upstream timeout %v; scope %s;\n    max request %s; max stored response %s; outcome %s\n",
 			r.Line, r.Pattern, key, s.Lease, s.TTL, s.Wait, s.UpstreamTimeout, scope,
 			proxy.FormatSize(s.MaxRequestBody), proxy.FormatSize(s.MaxResponseBody), s.Outcome)
 	}
 	return exitOK
+}
+
+// unscopedRoutes names the routes (and "default" for requests matching no
+// route) whose records are not scoped, for the start-up warning.
+func unscopedRoutes(base proxy.Settings, file *proxy.File) []string {
+	var names []string
+	if base.ScopeHeader == "" && base.Key != idem.KeyOff {
+		names = append(names, "default")
+	}
+	if file != nil {
+		for _, r := range file.Routes {
+			if r.Settings.ScopeHeader == "" && r.Settings.Key != idem.KeyOff {
+				names = append(names, r.Pattern)
+			}
+		}
+	}
+	return names
+}
+
+// selfUpstream reports whether the upstream URL names the proxy's own
+// listening address (the same port, on the listener's IP, or on any local
+// IP when it listens on all of them): every request would come back to the
+// proxy. The upstream's host is resolved with a short bound; when that
+// fails the check passes, and the Via field still stops a loop at its
+// first request (proxy.CodeLoopDetected).
+func selfUpstream(ctx context.Context, upstream *url.URL, addr net.Addr) bool {
+	la, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	port := upstream.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[upstream.Scheme]
+	}
+	if port != strconv.Itoa(la.Port) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIPAddr(ctx, upstream.Hostname())
+	if err != nil {
+		return false
+	}
+	var local []net.IP
+	if la.IP.IsUnspecified() {
+		if addrs, err := net.InterfaceAddrs(); err == nil {
+			for _, a := range addrs {
+				if n, ok := a.(*net.IPNet); ok {
+					local = append(local, n.IP)
+				}
+			}
+		}
+	}
+	for _, ip := range ips {
+		if ip.IP.Equal(la.IP) || la.IP.IsUnspecified() && (ip.IP.IsLoopback() || ip.IP.IsUnspecified()) {
+			return true
+		}
+		for _, l := range local {
+			if ip.IP.Equal(l) {
+				return true
+			}
+		}
+	}
+	return false
 }

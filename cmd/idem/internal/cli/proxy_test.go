@@ -31,6 +31,10 @@ func TestProxyFlagErrors(t *testing.T) {
 		{[]string{"--upstream", "http://h", "--scope-header", "Bad Header"}, `--scope-header: scope-header "Bad Header" is not a valid header name`},
 		{[]string{"--upstream", "http://h", "--log-format", "xml"}, "--log-format must be text or json"},
 		{[]string{"--upstream", "http://h", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--upstream", "http://h", "--ttl", "2562047h47m16s"}, "--ttl: ttl 2562047h47m16s is longer than the maximum 87600h0m0s"},
+		{[]string{"--upstream", "http://h", "--upstream-timeout", "2562047h"}, "--upstream-timeout: upstream-timeout 2562047h0m0s is longer than the maximum"},
+		{[]string{"--upstream", "http://h", "--store", "mysql://x"}, `--store: "mysql://x" is not a store idem knows`},
+		{[]string{"--upstream", "http://h", "--store", "localhost:6379"}, `--store: "localhost:6379" is a server address, not a file`},
 	} {
 		var stderr syncBuffer
 		code := Main(context.Background(), append([]string{"proxy"}, c.args...), io.Discard, &stderr)
@@ -43,7 +47,7 @@ func TestProxyFlagErrors(t *testing.T) {
 func TestProxyHelp(t *testing.T) {
 	t.Parallel()
 	var stderr syncBuffer
-	if code := Main(context.Background(), []string{"proxy", "--help"}, io.Discard, &stderr); code != exitOK {
+	if code := Main(context.Background(), []string{"proxy", "--help"}, &stderr, io.Discard); code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
 	for _, w := range []string{"--upstream  [IDEM_UPSTREAM]", "--store  [IDEM_STORE] (default idem-proxy.db)", "--check-config",
@@ -52,6 +56,25 @@ func TestProxyHelp(t *testing.T) {
 		if !strings.Contains(stderr.String(), w) {
 			t.Errorf("help lacks %q", w)
 		}
+	}
+}
+
+// TestProxyCheckConfigRefusesHugeTTL: a route's ttl beyond the maximum,
+// which would overflow every expiry, fails --check-config (and the start).
+func TestProxyCheckConfigRefusesHugeTTL(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(path, []byte("routes:\n  \"POST /payments\":\n    ttl: 2562047h47m16s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr syncBuffer
+	code := Main(context.Background(), []string{"proxy", "--check-config", path}, &stdout, &stderr)
+	if code != exitError || !strings.Contains(stderr.String(), path+":3:5:") || !strings.Contains(stderr.String(), "longer than the maximum") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	code = Main(context.Background(), []string{"proxy", "--config", path, "--upstream", "http://127.0.0.1:9", "--store", "memory"}, &stdout, &stderr)
+	if code != exitError {
+		t.Fatalf("started with the file: exit %d", code)
 	}
 }
 
@@ -120,6 +143,7 @@ func TestProxyServesAndStops(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(`{"amount":1}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", "k-1")
+		req.Header.Set("Authorization", "Bearer client-1")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

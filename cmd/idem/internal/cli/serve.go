@@ -24,13 +24,15 @@ Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
 GET /healthz, GET /metrics (Prometheus).`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newFlags("serve", serveAbout, stderr)
+	f := newFlags("serve", serveAbout, stdout, stderr)
 	sf := f.serverFlags()
 	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, or a postgres:// URL")
 	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
+	encKeys := f.encryptionFlag()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
+	ef := f.eventsFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -45,7 +47,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		name      string
 		d         time.Duration
 		allowZero bool
-	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}} {
+	}{{"lease", *lease, false}, {"ttl", *ttl, false}, {"op-delay", *opDelay, true}, {"wait", *sf.wait, true}, {"cleanup-interval", *sf.cleanup, true}, {"shutdown-timeout", *sf.shutdown, false}, {"store-timeout", *sf.storeTimeout, false}} {
 		if err := positiveDuration(c.name, c.d, c.allowZero); err != nil {
 			return f.usageError("%v", err)
 		}
@@ -53,32 +55,56 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *lease < idem.MinLease {
 		return f.usageError("--lease must be at least %v", idem.MinLease)
 	}
+	for _, c := range []struct {
+		name string
+		d    time.Duration
+	}{{"lease", *lease}, {"ttl", *ttl}, {"wait", *sf.wait}, {"store-timeout", *sf.storeTimeout}} {
+		if c.d > idem.MaxTTL {
+			return f.usageError("--%s %v is longer than the maximum %v (10 years, idem.MaxTTL): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
+		}
+	}
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
 	}
-	if k := backend.KindOf(*db); k != backend.SQLite && k != backend.Postgres {
+	enc, encAttr, err := loadEncryption(*encKeys)
+	if err != nil {
+		fmt.Fprintf(stderr, "idem serve: --encryption-keys: %v\n", err)
+		return exitError
+	}
+	if k, err := backend.KindOf(*db); err != nil {
+		return f.usageError("--db: %v", err)
+	} else if k != backend.SQLite && k != backend.Postgres {
 		return f.usageError("--db must be a SQLite file path or a postgres:// URL (records can go to Redis with --store)")
+	}
+	if *storeSpec != "" {
+		if _, err := backend.KindOf(*storeSpec); err != nil {
+			return f.usageError("--store: %v", err)
+		}
 	}
 
 	// Payments and records in one PostgreSQL database: the payment's
 	// transaction commits synchronously after the claim and flushes it, so
 	// the claim need not wait for its own flush.
 	sameDB := *storeSpec == "" || *storeSpec == *db
+	if err := ef.check(sameDB); err != nil {
+		return f.usageError("%v", err)
+	}
 	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB})
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
 		return exitError
 	}
-	defer dbStore.Close()
+	defer closeStore(dbStore, logger)
 	records := dbStore
 	if !sameDB {
 		if records, err = backend.Open(ctx, *storeSpec); err != nil {
 			logger.Error("cannot open the records store", "store", *storeSpec, "error", err)
 			return exitError
 		}
-		defer records.Close()
+		defer closeStore(records, logger)
 	}
 	var repo payments.Repo
+	var waitEvents func()
 	if dbStore.SQLite != nil {
 		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
 	} else {
@@ -102,19 +128,32 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	m := metrics.New()
 	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
-		Lease:           *lease,
-		TTL:             *ttl,
-		Wait:            *sf.wait,
-		ScopeFunc:       payments.Tenant,
-		FingerprintFunc: payments.Fingerprint,
-		MaxRequestBody:  payments.MaxBody,
-		Observer:        m,
-		Logger:          logger,
+		Lease:        *lease,
+		TTL:          *ttl,
+		StoreTimeout: *sf.storeTimeout,
+		// Set-Cookie2 is Set-Cookie's obsolete twin: neither is replayed.
+		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
+		Wait:              *sf.wait,
+		TenantFunc:        payments.Tenant,
+		FingerprintFunc:   payments.Fingerprint,
+		MaxRequestBody:    payments.MaxBody,
+		Observer:          m,
+		Logger:            logger,
+		Encryption:        enc,
 	})
 	if err != nil {
 		return f.usageError("%v", err)
 	}
-	svc := &payments.Service{Repo: repo, OpDelay: *opDelay}
+	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
+	evctx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	if svc.OnCreateFunc, waitEvents, err = ef.start(evctx, dbStore, *db, logger); err != nil {
+		logger.Error("cannot set up the events", "error", err)
+		return exitError
+	}
+	// The dispatcher stops after the last request, before the database
+	// closes; a message it publishes but cannot mark is published again.
+	defer func() { stopEvents(); waitEvents() }()
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", mw.Handle(m.InFlight(http.HandlerFunc(svc.Create)))))
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
@@ -134,13 +173,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		where = fmt.Sprintf("payments and idempotency records in %s, committed in one transaction", dbStore.Where)
 	}
 	logger.Info("idem serve listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
-		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay)
+		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, encAttr)
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay, *sf.shutdown); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}

@@ -81,8 +81,8 @@ func startServe(t *testing.T, extra ...string) string {
 	return ""
 }
 
-// TestCheckPassesAgainstServe grades the payments demo with idem check:
-// every check must pass.
+// TestCheckPassesAgainstServe grades the payments demo with idem check,
+// its executions counted by /api/payments/count: every check must pass.
 func TestCheckPassesAgainstServe(t *testing.T) {
 	t.Parallel()
 	url := startServe(t)
@@ -91,6 +91,7 @@ func TestCheckPassesAgainstServe(t *testing.T) {
 		"--body", `{"amountCents":100,"currency":"USD","reference":"check"}`,
 		"--header", "Authorization: Bearer tenant-a",
 		"--second-tenant-header", "Authorization: Bearer tenant-b",
+		"--count-url", url + "/api/payments/count",
 		"--json", url + "/api/payments"}, &out, &errs)
 	if code != exitOK {
 		t.Fatalf("idem check exited %d\n%s\n%s", code, out.String(), errs.String())
@@ -108,6 +109,9 @@ func TestCheckPassesAgainstServe(t *testing.T) {
 		if c.Status != "PASS" {
 			t.Errorf("%s: %s (%s)", c.Name, c.Status, c.Reason)
 		}
+		if (c.Name == "replay" || c.Name == "concurrent-duplicates") && !strings.Contains(c.Reason, "executions verified") {
+			t.Errorf("%s: executions not verified: %s", c.Name, c.Reason)
+		}
 	}
 }
 
@@ -119,6 +123,13 @@ func TestServeRejectsBadFlags(t *testing.T) {
 		{"--lease", "1h", "--ttl", "1m"},
 		{"--op-delay", "-1s"},
 		{"--db", "redis://127.0.0.1:6379"},
+		{"--db", "mysql://x"},
+		{"--db", "localhost:5432"},
+		{"--store", "localhost:6379"},
+		{"--store", "memcached://h"},
+		{"--shutdown-timeout", "0s"},
+		{"--ttl", "2562047h47m16s"},
+		{"--lease", "2562047h", "--ttl", "2562047h47m16s"},
 		{"--nonsense"},
 		{"extra-argument"},
 	} {
@@ -131,14 +142,17 @@ func TestServeRejectsBadFlags(t *testing.T) {
 
 func TestHelpListsEnvironmentVariables(t *testing.T) {
 	t.Parallel()
-	var errs syncBuffer
-	if code := Main(context.Background(), []string{"serve", "--help"}, io.Discard, &errs); code != exitOK {
+	var help, errs syncBuffer
+	if code := Main(context.Background(), []string{"serve", "--help"}, &help, &errs); code != exitOK {
 		t.Fatalf("serve --help: exit %d", code)
 	}
-	for _, want := range []string{"--addr", "IDEM_ADDR", "--op-delay", "IDEM_OP_DELAY", "--db", "--store", "--lease", "--ttl", "--log-format"} {
-		if !strings.Contains(errs.String(), want) {
-			t.Errorf("serve --help does not mention %s:\n%s", want, errs.String())
+	for _, want := range []string{"--addr", "IDEM_ADDR", "--op-delay", "IDEM_OP_DELAY", "--db", "--store", "--lease", "--ttl", "--log-format", "--shutdown-timeout"} {
+		if !strings.Contains(help.String(), want) {
+			t.Errorf("serve --help does not mention %s on stdout:\n%s", want, help.String())
 		}
+	}
+	if errs.String() != "" {
+		t.Errorf("serve --help wrote to stderr: %s", errs.String())
 	}
 	var out syncBuffer
 	if code := Main(context.Background(), nil, &out, io.Discard); code != exitUsage || !strings.Contains(out.String(), "serve") {
@@ -146,6 +160,69 @@ func TestHelpListsEnvironmentVariables(t *testing.T) {
 	}
 	if code := Main(context.Background(), []string{"bogus"}, io.Discard, io.Discard); code != exitUsage {
 		t.Errorf("unknown command: exit %d", code)
+	}
+}
+
+// Every command's --help and -h go to stdout with status 0; a bad flag
+// goes to stderr with a pointer to --help, not the whole usage.
+func TestHelpOnStdout(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"serve", "proxy", "check", "cleanup"} {
+		for _, h := range []string{"--help", "-h"} {
+			var out, errs syncBuffer
+			code := Main(context.Background(), []string{cmd, h}, &out, &errs)
+			if code != exitOK || !strings.Contains(out.String(), "Usage: idem "+cmd) || errs.String() != "" {
+				t.Errorf("%s %s: exit %d, stdout %d bytes, stderr %q", cmd, h, code, len(out.String()), errs.String())
+			}
+		}
+		var out, errs syncBuffer
+		code := Main(context.Background(), []string{cmd, "--no-such-flag"}, &out, &errs)
+		if code != exitUsage || out.String() != "" || strings.Contains(errs.String(), "Usage:") || !strings.Contains(errs.String(), "--help") {
+			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", cmd, code, out.String(), errs.String())
+		}
+	}
+}
+
+// A duration without a unit, or not a duration at all, is reported with
+// what a duration looks like, from a flag or its environment variable.
+func TestDurationFlagMessages(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"serve", "--ttl", "-1"}, "", `"-1" has no unit: write a duration such as -1s`},
+		{[]string{"proxy", "--upstream", "http://h", "--lease", "10"}, "", `"10" has no unit`},
+		{[]string{"serve", "--ttl", "soon"}, "", `"soon" is not a duration`},
+		{[]string{"serve"}, "5", `"5" has no unit`},
+		{[]string{"serve", "--ttl", "-1s"}, "", "--ttl must be positive"},
+	} {
+		t.Run(strings.Join(c.args, " ")+c.env, func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv("IDEM_TTL", c.env)
+			}
+			var out, errs syncBuffer
+			code := Main(context.Background(), c.args, &out, &errs)
+			if code != exitUsage || !strings.Contains(errs.String(), c.want) || strings.Contains(errs.String(), "parse error") || strings.Contains(errs.String(), "Usage:") {
+				t.Errorf("exit %d, stderr %q; want %q", code, errs.String(), c.want)
+			}
+		})
+	}
+}
+
+// The access log redacts a key as the core's log lines do (idem.RedactKey
+// of the parsed key), so an operator can follow one key through both: the
+// quoted and the bare form of a key, which are one key, hash alike.
+func TestAccessLogKeyMatchesCore(t *testing.T) {
+	t.Parallel()
+	want := idem.RedactKey("order-4711")
+	for _, vs := range [][]string{{`"order-4711"`}, {"order-4711"}} {
+		if got := logKey(vs); got != want {
+			t.Errorf("logKey(%q) = %s, want %s", vs, got, want)
+		}
+	}
+	if got := logKey([]string{`"a"`, `"b"`}); got == idem.RedactKey("a") || !strings.HasPrefix(got, "sha256:") {
+		t.Errorf("an invalid key: %s", got)
 	}
 }
 

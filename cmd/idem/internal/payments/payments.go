@@ -19,10 +19,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemhq/idem"
@@ -58,6 +60,22 @@ type Repo interface {
 	Count(ctx context.Context) (int64, error)
 }
 
+// RejectedError is returned by Repo.Insert when the database refuses the
+// payment's data as invalid (a constraint or a value it cannot store), as
+// opposed to being unavailable: the request is answered 422 and that
+// answer is stored, since a retry would be refused the same way.
+type RejectedError struct {
+	// Reason says what was refused, without the data itself.
+	Reason string
+	Err    error
+}
+
+func (e *RejectedError) Error() string {
+	return "payments: rejected: " + e.Reason + ": " + e.Err.Error()
+}
+
+func (e *RejectedError) Unwrap() error { return e.Err }
+
 // Service serves the payments API.
 type Service struct {
 	Repo Repo
@@ -66,7 +84,23 @@ type Service struct {
 	OpDelay time.Duration
 	// NowFunc is the clock for createdAt. Defaults to time.Now.
 	NowFunc func() time.Time
+	// OnCreateFunc, if set, runs after a payment is written, with the
+	// same context: inside the idempotent execution, so that what it
+	// writes (the payment.created event in the outbox) commits in the
+	// payment's transaction, or not at all. An error fails the payment
+	// (503) and rolls everything back.
+	OnCreateFunc func(ctx context.Context, p Payment, tenant string) error
+	// FailReference, if set, makes payments with this reference fail
+	// (500) after their rows were written, so that demos and tests can
+	// show that a failed payment leaves nothing behind: no payment, no
+	// event, and the key free for a retry.
+	FailReference string
 }
+
+// DBTimeout bounds each call to the payments database, so that a database
+// that stops answering turns into 503 payment.unavailable instead of a
+// request that hangs for as long as its client waits.
+const DBTimeout = 10 * time.Second
 
 // MaxBody is the largest payment request accepted.
 const MaxBody = 16 << 10
@@ -144,6 +178,10 @@ func Validate(body []byte) (normalised, *idem.Problem) {
 			errs["reference"] = append(errs["reference"], "must not be empty")
 		case utf8.RuneCountInString(ref) > 100:
 			errs["reference"] = append(errs["reference"], "must be at most 100 characters")
+		case strings.ContainsFunc(ref, unicode.IsControl):
+			// NUL cannot be stored in PostgreSQL text, and no control
+			// character belongs in a reference: refused on every store.
+			errs["reference"] = append(errs["reference"], "must not contain control characters")
 		}
 		n.Reference = ref
 	}
@@ -178,8 +216,34 @@ func invalid(errs map[string][]string) *idem.Problem {
 	}
 }
 
+// CheckContentType returns a 415 problem unless the request says its body
+// is JSON (application/json, or a +json type such as
+// application/merchant+json; parameters such as charset are allowed).
+func CheckContentType(r *http.Request) *idem.Problem {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
+		return nil
+	}
+	got := r.Header.Get("Content-Type")
+	if got == "" {
+		got = "none"
+	}
+	return &idem.Problem{Status: http.StatusUnsupportedMediaType, Code: "payment.unsupported_media_type",
+		Type:   "https://github.com/idemhq/idem/blob/main/docs/payments.md#validation",
+		Title:  "The request body must be JSON",
+		Detail: fmt.Sprintf("Send Content-Type: application/json (the request's Content-Type was %s).", got)}
+}
+
 // Fingerprint is the middleware's FingerprintFunc for POST /api/payments.
-func Fingerprint(_ *http.Request, body []byte) ([]byte, error) {
+// It runs before the key is claimed, so that a refused request does not
+// consume its key: a body that is not declared JSON gets 415, an invalid
+// one 400.
+func Fingerprint(r *http.Request, body []byte) ([]byte, error) {
+	if r != nil {
+		if p := CheckContentType(r); p != nil {
+			return nil, p
+		}
+	}
 	n, p := Validate(body)
 	if p != nil {
 		return nil, p
@@ -240,9 +304,26 @@ func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
 	if info != nil {
 		pay.key = info.Key
 	}
-	pay, err = s.Repo.Insert(ctx, pay)
-	if err != nil {
+	ictx, cancel := context.WithTimeout(ctx, DBTimeout)
+	pay, err = s.Repo.Insert(ictx, pay)
+	if err == nil && s.OnCreateFunc != nil {
+		err = s.OnCreateFunc(ictx, pay, tenant)
+	}
+	cancel()
+	var rejected *RejectedError
+	switch {
+	case errors.As(err, &rejected):
+		// The database refused the data itself: retrying cannot help, so
+		// this is the request's answer, stored and replayed like any 4xx.
+		writeProblem(w, http.StatusUnprocessableEntity, "payment.rejected", "The database refused the payment", rejected.Reason)
+		return
+	case err != nil:
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.")
+		return
+	}
+	if s.FailReference != "" && pay.Reference == s.FailReference {
+		writeProblem(w, http.StatusInternalServerError, "payment.failed", "The payment failed",
+			"This reference is configured to fail after the payment was written (--fail-reference); nothing was kept.")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -258,7 +339,9 @@ func (s *Service) Get(w http.ResponseWriter, r *http.Request) {
 		idem.WriteProblem(w, err.(*idem.Problem))
 		return
 	}
-	p, err := s.Repo.Get(r.Context(), tenant, r.PathValue("id"))
+	ctx, cancel := context.WithTimeout(r.Context(), DBTimeout)
+	defer cancel()
+	p, err := s.Repo.Get(ctx, tenant, r.PathValue("id"))
 	switch {
 	case errors.Is(err, ErrNotFound):
 		writeProblem(w, http.StatusNotFound, "payment.not_found", "Payment not found", "No payment with this id exists for your tenant.")
@@ -273,7 +356,9 @@ func (s *Service) Get(w http.ResponseWriter, r *http.Request) {
 
 // Count handles GET /api/payments/count.
 func (s *Service) Count(w http.ResponseWriter, r *http.Request) {
-	n, err := s.Repo.Count(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), DBTimeout)
+	defer cancel()
+	n, err := s.Repo.Count(ctx)
 	if err != nil {
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
 		return
@@ -287,6 +372,10 @@ func (s *Service) Count(w http.ResponseWriter, r *http.Request) {
 // the middleware, the body validated here.
 func (s *Service) request(w http.ResponseWriter, r *http.Request) (normalised, bool) {
 	var n normalised
+	if p := CheckContentType(r); p != nil {
+		idem.WriteProblem(w, p)
+		return n, false
+	}
 	if info, ok := idem.InfoFromContext(r.Context()); ok && info.Payload != nil {
 		if err := json.Unmarshal(info.Payload, &n); err == nil {
 			return n, true

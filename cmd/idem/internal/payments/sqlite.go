@@ -36,7 +36,10 @@ func (r SQLiteRepo) Migrate(ctx context.Context) error {
 }
 
 // Insert implements Repo. Inside an execution on a sqlitestore it writes
-// through the execution's transaction; otherwise in its own.
+// through the execution's transaction; otherwise in its own. A row SQLite
+// refuses as invalid (a constraint such as a CHECK, a value too big) is a
+// *RejectedError; SQLite undoes only the refused statement, so the
+// execution's transaction stays usable and the answer is stored with it.
 func (r SQLiteRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
 	tx, err := sqlitestore.Tx(ctx)
 	own := false
@@ -53,6 +56,9 @@ func (r SQLiteRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
 		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, idempotency_key) DO NOTHING`,
 		p.ID, p.tenant, p.key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt.Format(time.RFC3339Nano))
 	if err != nil {
+		if re := rejectedSQLite(err); re != nil {
+			return Payment{}, re
+		}
 		return Payment{}, fmt.Errorf("payments: insert: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
@@ -99,4 +105,32 @@ func (r SQLiteRepo) Count(ctx context.Context) (int64, error) {
 	var n int64
 	err := r.Store.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM payments`).Scan(&n)
 	return n, err
+}
+
+// SQLite result codes (https://sqlite.org/rescode.html) of a refused row.
+const (
+	sqliteTooBig               = 18
+	sqliteConstraint           = 19
+	sqliteMismatch             = 20
+	sqliteConstraintPrimaryKey = 1555
+	sqliteConstraintUnique     = 2067
+)
+
+// rejectedSQLite returns a *RejectedError when err is SQLite refusing the
+// row's data, nil otherwise. A unique or primary-key violation is not a
+// refusal: the insert handles (tenant, key) itself, and a collision of the
+// random id is worth a retry.
+func rejectedSQLite(err error) *RejectedError {
+	var se interface{ Code() int }
+	if !errors.As(err, &se) {
+		return nil
+	}
+	code := se.Code()
+	switch {
+	case code == sqliteConstraintPrimaryKey || code == sqliteConstraintUnique:
+		return nil
+	case code&0xff == sqliteConstraint, code&0xff == sqliteTooBig, code&0xff == sqliteMismatch:
+		return &RejectedError{Reason: fmt.Sprintf("the database refused the payment (SQLite result code %d)", code), Err: err}
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -21,6 +22,7 @@ func FuzzValidate(f *testing.F) {
 		`{"amountCents":1,"amountCents":2,"currency":"EUR","reference":"a"}`,
 		`[]`, `null`, ``, `{"amountCents":1e400,"currency":"EUR","reference":"a"}`,
 		"{\"amountCents\":1,\"currency\":\"EUR\",\"reference\":\"\xff\"}",
+		`{"amountCents":1,"currency":"EUR","reference":"a\u0000b"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -41,7 +43,8 @@ func FuzzValidate(f *testing.F) {
 		if len(n.Currency) != 3 || strings.Trim(n.Currency, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
 			t.Fatalf("Validate(%q) accepted currency %q", body, n.Currency)
 		}
-		if n.Reference == "" || n.Reference != strings.TrimSpace(n.Reference) || utf8.RuneCountInString(n.Reference) > 100 || !utf8.ValidString(n.Reference) {
+		if n.Reference == "" || n.Reference != strings.TrimSpace(n.Reference) || utf8.RuneCountInString(n.Reference) > 100 || !utf8.ValidString(n.Reference) ||
+			strings.ContainsFunc(n.Reference, unicode.IsControl) {
 			t.Fatalf("Validate(%q) accepted reference %q", body, n.Reference)
 		}
 		again, err := json.Marshal(n)

@@ -322,9 +322,9 @@ func (p *fileParser) route(pattern string, kn, v *yaml.Node) (Settings, bool) {
 			p.duration(fv, key, &s.UpstreamTimeout)
 		case "scope_header":
 			if fv.Kind == yaml.ScalarNode && fv.Tag == "!!null" {
-				p.errorf(fv, "scope_header: give a header name, or \"\" for no scope")
+				p.errorf(fv, "scope_header: give a header name, or none for no scope")
 			} else if h, ok := p.scalar(fv, key); ok {
-				s.ScopeHeader = h
+				s.ScopeHeader = ParseScopeHeader(h)
 			}
 		case "max_request_body":
 			p.size(fv, key, &s.MaxRequestBody)

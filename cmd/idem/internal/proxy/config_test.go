@@ -37,11 +37,13 @@ routes:
   "/legacy/":
   "PATCH /users/{id}":
     scope_header: ""
+  "PATCH /groups/{id}":
+    scope_header: None
 `), base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(f.Routes) != 4 {
+	if len(f.Routes) != 5 {
 		t.Fatalf("%d routes", len(f.Routes))
 	}
 	pay := f.Routes[0]
@@ -68,8 +70,8 @@ routes:
 	if legacy := f.Routes[2].Settings; legacy.Lease != base.Lease || legacy.ScopeHeader != "Authorization" {
 		t.Fatalf("an empty route is the flags' settings: %+v", legacy)
 	}
-	if f.Routes[3].Settings.ScopeHeader != "" {
-		t.Fatal(`scope_header: "" means no scope`)
+	if f.Routes[3].Settings.ScopeHeader != "" || f.Routes[4].Settings.ScopeHeader != "" {
+		t.Fatal(`scope_header: "" and none mean no scope`)
 	}
 	// The checked routes are accepted by New.
 	st, _ := memstore.New(nil)
@@ -94,6 +96,8 @@ func TestParseFileErrorsHaveLines(t *testing.T) {
 		{"short lease", "routes:\n  \"POST /a\":\n    lease: 1ms\n", []string{`3:5: route "POST /a": lease 1ms is shorter than the minimum`}},
 		{"ttl below inherited lease", "routes:\n  \"POST /a\":\n    ttl: 1s\n", []string{`3:5: route "POST /a": ttl 1s is shorter than lease 30s (lease comes from --lease)`}},
 		{"lease above inherited ttl", "routes:\n  \"POST /a\":\n    lease: 25h\n", []string{`3:5: route "POST /a": ttl 24h0m0s is shorter than lease 25h0m0s`}},
+		{"ttl beyond the maximum", "routes:\n  \"POST /a\":\n    ttl: 2562047h47m16s\n", []string{`3:5: route "POST /a": ttl 2562047h47m16s is longer than the maximum 87600h0m0s (3650 days)`}},
+		{"wait beyond the maximum", "routes:\n  \"POST /a\":\n    wait: 100000h\n", []string{`3:5: route "POST /a": wait 100000h0m0s is longer than the maximum 87600h0m0s (3650 days)`}},
 		{"bad size", "routes:\n  \"POST /a\":\n    max_request_body: lots\n", []string{`3:23: route "POST /a": max_request_body: invalid size "lots"`}},
 		{"zero size", "routes:\n  \"POST /a\":\n    max_response_body: 0\n", []string{`3:24: route "POST /a": max_response_body: invalid size "0": must be positive`}},
 		{"store 5xx", "routes:\n  \"POST /a\":\n    store_statuses: [200, 5xx]\n", []string{`3:27: route "POST /a": store_statuses: 5xx cannot be stored`}},

@@ -151,8 +151,14 @@ var testClient = &http.Client{
 	Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true},
 }
 
+// testCredential is the Authorization every test request carries unless
+// it names its own: a protected request without its scope header is
+// refused (CodeScopeMissing).
+const testCredential = "Bearer test-client"
+
 // send makes a request and reads the whole response. headers are
-// name/value pairs.
+// name/value pairs; Authorization defaults to testCredential (pass
+// "Authorization", "" for none).
 func send(t *testing.T, method, target, body string, headers ...string) reply {
 	t.Helper()
 	r, err := trySend(method, target, body, headers...)
@@ -171,8 +177,18 @@ func trySend(method, target, body string, headers ...string) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
+	auth := false
 	for i := 0; i+1 < len(headers); i += 2 {
+		if strings.EqualFold(headers[i], "Authorization") {
+			auth = true
+			if headers[i+1] == "" {
+				continue
+			}
+		}
 		req.Header.Add(headers[i], headers[i+1])
+	}
+	if !auth {
+		req.Header.Set("Authorization", testCredential)
 	}
 	if body != "" && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")

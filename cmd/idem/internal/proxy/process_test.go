@@ -404,21 +404,72 @@ func TestProcessUnreachableUpstreamReleases(t *testing.T) {
 	}
 }
 
-// TestProcessStoreUnavailableFailsClosed: with the store unreachable the
-// proxy answers 503 and never calls the upstream; /healthz says so.
-func TestProcessStoreUnavailableFailsClosed(t *testing.T) {
+// TestProcessStoreUnreachableAtStart: a store that cannot be reached at
+// start-up (Redis as PostgreSQL) stops the proxy with a clear error and
+// status 1; once running, an unreachable store answers 503 (see the
+// frozen-store tests in cmd/idem/e2e).
+func TestProcessStoreUnreachableAtStart(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, nil)
-	p := startProxy(t, "A", "--store", "redis://"+closedAddr(t)+"/0", "--upstream", up.URL)
-	r := send(t, http.MethodPost, p.url+"/payments", `{}`, idem.HeaderKey, newKey(t))
-	if r.status != http.StatusServiceUnavailable || r.problemCode() != idem.CodeStoreUnavailable || r.header.Get("Retry-After") == "" {
-		t.Fatalf("%v", r)
+	for _, store := range []string{"redis://" + closedAddr(t) + "/0", "postgres://postgres@" + closedAddr(t) + "/x?sslmode=disable"} {
+		p := runIdem(t, "A", nil, "proxy", "--addr", "127.0.0.1:0", "--store", store, "--upstream", up.URL)
+		if code := p.wait(t); code != 1 {
+			t.Fatalf("%s: exit %d, want 1:\n%s", store, code, p.logs)
+		}
+		if line, _ := p.logs.find("cannot connect"); line == "" {
+			t.Fatalf("%s: no clear error:\n%s", store, p.logs)
+		}
 	}
-	if h := send(t, http.MethodGet, p.url+"/healthz", ""); h.status != http.StatusServiceUnavailable {
-		t.Fatalf("healthz: %v", h)
+}
+
+// TestProcessRefusesItselfAsUpstream: an upstream that is the proxy's own
+// address would loop until file descriptors run out; the proxy refuses to
+// start.
+func TestProcessRefusesItselfAsUpstream(t *testing.T) {
+	t.Parallel()
+	addr := closedAddr(t)
+	_, port, _ := strings.Cut(addr, ":")
+	for _, c := range []struct{ listen, upstream string }{
+		{addr, "http://" + addr},
+		{addr, "http://localhost:" + port + "/api"},
+		{"0.0.0.0:" + port, "http://127.0.0.1:" + port},
+	} {
+		p := runIdem(t, "A", nil, "proxy", "--addr", c.listen, "--store", "memory", "--upstream", c.upstream)
+		if code := p.wait(t); code != 1 {
+			t.Fatalf("--addr %s --upstream %s: exit %d, want 1:\n%s", c.listen, c.upstream, code, p.logs)
+		}
+		if line, _ := p.logs.find("the upstream is the proxy's own address"); line == "" {
+			t.Fatalf("--addr %s --upstream %s: no clear error:\n%s", c.listen, c.upstream, p.logs)
+		}
 	}
-	if n := up.total(); n != 0 {
-		t.Fatalf("the upstream was called %d times", n)
+}
+
+// TestProcessScopeNoneIsLogged: scope none is an explicit choice, logged
+// as a warning at start-up; by default a request without Authorization
+// is refused.
+func TestProcessScopeNoneIsLogged(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, nil)
+	p := startProxy(t, "default", "--store", "memory", "--upstream", up.URL)
+	if r := send(t, http.MethodPost, p.url+"/payments", `{}`, idem.HeaderKey, newKey(t), "Authorization", ""); r.problemCode() != CodeScopeMissing {
+		t.Fatalf("default scope, no Authorization: %v", r)
+	}
+	if line, _ := p.logs.find("not scoped"); line != "" {
+		t.Fatalf("a warning without scope none: %s", line)
+	}
+	q := startProxy(t, "none", "--store", "memory", "--upstream", up.URL, "--scope-header", "none")
+	line := q.waitLog(t, "not scoped")
+	if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, "default") {
+		t.Fatalf("warning: %s", line)
+	}
+	if start := q.waitLog(t, "idem proxy listening"); !strings.Contains(start, `"scope_header":"none"`) {
+		t.Fatalf("start line: %s", start)
+	}
+	key := newKey(t)
+	a := send(t, http.MethodPost, q.url+"/payments", `{}`, idem.HeaderKey, key, "Authorization", "")
+	b := send(t, http.MethodPost, q.url+"/payments", `{}`, idem.HeaderKey, key, "Authorization", "")
+	if a.status != http.StatusCreated || b.header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("scope none: %v / %v", a, b)
 	}
 }
 

@@ -26,6 +26,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,8 +35,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -54,6 +57,10 @@ const (
 	// CodeUpstreamTimeout (504): the upstream did not answer within the
 	// route's upstream timeout. It may still act on the request.
 	CodeUpstreamTimeout = "proxy.upstream_timeout"
+	// CodeLoopDetected (508): the request already passed through this
+	// proxy (its Via field names it): the upstream leads back to the
+	// proxy. It is not forwarded again.
+	CodeLoopDetected = "proxy.loop_detected"
 )
 
 // problemTypeBase prefixes a proxy problem code to form its type URI.
@@ -101,6 +108,14 @@ type Config struct {
 	// Logger receives the upstream failures and the core's warnings.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// StoreTimeout bounds each store call of every route
+	// (idem.Config.StoreTimeout). Defaults to the core's default.
+	StoreTimeout time.Duration
+
+	// Encryption, if set, encrypts every stored response (see
+	// idem.Config.Encryption). Defaults to none.
+	Encryption *idem.Encryption
 }
 
 // Proxy is an http.Handler that forwards requests to the upstream through
@@ -109,6 +124,13 @@ type Proxy struct {
 	upstream *url.URL
 	rp       *httputil.ReverseProxy
 	logger   *slog.Logger
+	// unseenConnection logs once that a connection's Connection field
+	// cannot be read (see restoreConnection).
+	unseenConnection sync.Once
+	// via is this proxy's pseudonym in the Via field of the requests it
+	// forwards ("idem-" and random hex, new for every Proxy), by which it
+	// recognises a request that comes back to it.
+	via string
 
 	mux      *http.ServeMux
 	routes   map[string]*route
@@ -148,9 +170,14 @@ func New(cfg *Config) (*Proxy, error) {
 		// and decode it: the client's own Accept-Encoding goes through,
 		// and the stored bytes are what the upstream sent.
 		t.DisableCompression = true
+		if u.Scheme == "http" {
+			// See connfields.go: the fields a "Connection: close" response
+			// names are found in the bytes read.
+			t.DialContext = captureDialer(t.DialContext)
+		}
 		transport = t
 	}
-	p := &Proxy{upstream: u, logger: logger, routes: map[string]*route{}}
+	p := &Proxy{upstream: u, logger: logger, routes: map[string]*route{}, via: "idem-" + strings.ToLower(rand.Text()[:12])}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
 		Transport:      transport,
@@ -225,9 +252,14 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		Logger:          p.logger,
 		Requirement:     s.Key,
 		RequiredMethods: s.Methods,
-		ScopeFunc:       scopeFunc(s.ScopeHeader),
+		TenantFunc:      scopeFunc(s.ScopeHeader),
 		MaxRequestBody:  s.MaxRequestBody,
 		MaxResponseBody: int(s.MaxResponseBody),
+		StoreTimeout:    cfg.StoreTimeout,
+		Encryption:      cfg.Encryption,
+		// A cookie set for the first client is never handed to whoever
+		// retries; Set-Cookie2 is its obsolete twin (RFC 2965).
+		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
 	})
 	if err != nil {
 		return nil, err
@@ -258,6 +290,15 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 // another method) uses the defaults. The upstream, not the proxy, decides
 // what such requests mean.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p.looped(r) {
+		p.logger.LogAttrs(r.Context(), slog.LevelError, "request loop: the upstream leads back to this proxy",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("upstream", p.upstream.Redacted()))
+		prob := &idem.Problem{Status: http.StatusLoopDetected, Code: CodeLoopDetected, Type: problemTypeBase + CodeLoopDetected,
+			Title:  "Request loop",
+			Detail: "The request came back to the proxy that forwarded it: the proxy's upstream leads back to the proxy. Fix the upstream address."}
+		idem.WriteProblem(w, prob)
+		return
+	}
 	rt := p.fallback
 	// The middleware names the operation after r.Pattern, or after the
 	// method and path without one.
@@ -271,6 +312,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rt.handler.ServeHTTP(w, r)
+}
+
+// looped reports whether r's Via field names this proxy.
+func (p *Proxy) looped(r *http.Request) bool {
+	for _, v := range r.Header["Via"] {
+		for _, hop := range strings.Split(v, ",") {
+			// received-protocol received-by [comment]
+			f := strings.Fields(hop)
+			if len(f) >= 2 && f[1] == p.via {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Route returns the pattern of the route a request matches, or "" for the
@@ -310,6 +365,7 @@ type exchange struct {
 	w               http.ResponseWriter
 	protected       bool
 	timer           *time.Timer
+	conn            atomic.Pointer[net.Conn] // the upstream connection used
 }
 
 type exchangeKey struct{}
@@ -353,11 +409,11 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// send it unstored (see holdFlushes).
 		w = &holdFlushes{ResponseWriter: w}
 	}
-	f.p.rp.ServeHTTP(w, r.WithContext(x))
+	f.p.rp.ServeHTTP(w, r.WithContext(connTrace(x, &x.conn)))
 }
 
-// rewrite directs a request to the upstream and sets X-Forwarded-For,
-// X-Forwarded-Host and X-Forwarded-Proto. ReverseProxy has already removed
+// rewrite directs a request to the upstream, sets X-Forwarded-For,
+// X-Forwarded-Host and X-Forwarded-Proto, and adds the proxy to Via. ReverseProxy has already removed
 // the hop-by-hop fields and the client's own X-Forwarded-* and Forwarded
 // fields, which a client could forge. The Idempotency-Key field goes
 // through unchanged, so that the upstream can pass it on to its own
@@ -365,6 +421,13 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.upstream)
 	pr.SetXForwarded()
+	// Via (RFC 9110 section 7.6.3) names this proxy, so that a request
+	// that comes back to it is recognised (see looped).
+	proto := fmt.Sprintf("%d.%d", pr.In.ProtoMajor, pr.In.ProtoMinor)
+	if pr.In.ProtoMajor >= 2 {
+		proto = strconv.Itoa(pr.In.ProtoMajor)
+	}
+	pr.Out.Header["Via"] = append(pr.Out.Header["Via"], proto+" "+p.via)
 	// A protected request's body was read in full by the middleware: send
 	// it with a Content-Length even if the client sent it chunked, since
 	// some upstreams refuse chunked requests.
@@ -382,6 +445,9 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 // (server-sent events, unknown length).
 func (p *Proxy) modifyResponse(res *http.Response) error {
 	x, _ := res.Request.Context().Value(exchangeKey{}).(*exchange)
+	if x != nil && closeDropped(res) {
+		p.restoreConnection(res, x)
+	}
 	if x == nil || x.protected {
 		return nil
 	}
@@ -390,6 +456,33 @@ func (p *Proxy) modifyResponse(res *http.Response) error {
 		_ = http.NewResponseController(x.w).SetWriteDeadline(time.Time{})
 	}
 	return nil
+}
+
+// restoreConnection removes from res the fields that its Connection
+// field, which the client removed because it said close, named (see
+// connfields.go). ReverseProxy has removed the rest of the hop-by-hop
+// fields already.
+func (p *Proxy) restoreConnection(res *http.Response, x *exchange) {
+	var cc *captureConn
+	if c := x.conn.Load(); c != nil {
+		cc, _ = (*c).(*captureConn)
+	}
+	if cc == nil {
+		p.unseenConnection.Do(func() {
+			p.logger.Warn("an upstream response said Connection: close over a connection whose bytes the proxy cannot read (HTTPS with HTTP/1.1): fields it names as connection-specific, if any, are forwarded and stored",
+				"upstream", p.upstream.Redacted())
+		})
+		return
+	}
+	conn, found := droppedConnection(res, cc)
+	if !found {
+		p.logger.Warn("an upstream response said Connection: close and its header was not found in the bytes read (larger than the proxy keeps): fields it names as connection-specific, if any, are forwarded and stored",
+			"method", res.Request.Method, "path", res.Request.URL.Path)
+		return
+	}
+	if removed := removeConnectionFields(res.Header, conn); len(removed) > 0 {
+		p.logger.Debug("removed connection-specific fields of an upstream response", "fields", removed)
+	}
 }
 
 // errorHandler answers a failed exchange with problem+json: 504 after the

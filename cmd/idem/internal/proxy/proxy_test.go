@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -202,6 +203,75 @@ func TestScopeIsAHashOfTheCredential(t *testing.T) {
 				t.Fatalf("%s contains the credential %q", name, secret)
 			}
 		}
+	}
+}
+
+// A protected request without its scope header cannot be told apart from
+// another client's (cookie-authenticated users, say): it is refused before
+// anything is claimed or forwarded, so two such clients never share a
+// record. Requests that pass through (no key needed) are untouched.
+func TestMissingScopeHeaderIsRefused(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, nil)
+	px := newTestProxy(t, up, Config{})
+	key := newKey(t)
+	for _, cookie := range []string{"session=alice", "session=bob"} {
+		for _, auth := range []string{"", " "} {
+			r := send(t, http.MethodPost, px.URL+"/payments", `{}`, idem.HeaderKey, key, "Cookie", cookie, "Authorization", auth)
+			if r.status != http.StatusBadRequest || r.problemCode() != CodeScopeMissing || !strings.Contains(r.body, "Authorization") {
+				t.Fatalf("%s without Authorization: %v, want 400 %s", cookie, r, CodeScopeMissing)
+			}
+		}
+	}
+	if n := up.total(); n != 0 {
+		t.Fatalf("the upstream was called %d times", n)
+	}
+	// The key was not consumed.
+	if r := send(t, http.MethodPost, px.URL+"/payments", `{}`, idem.HeaderKey, key); r.status != http.StatusCreated {
+		t.Fatalf("with Authorization: %v", r)
+	}
+	if r := send(t, http.MethodGet, px.URL+"/payments", "", "Authorization", ""); r.status != http.StatusCreated {
+		t.Fatalf("a GET passes through without a scope: %v", r)
+	}
+}
+
+// A request that comes back to the proxy that forwarded it (an upstream
+// that leads to the proxy itself) is answered 508 at its second pass; the
+// forwarded request carries the proxy in Via.
+func TestLoopIsDetected(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := url.Parse("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, _ := memstore.New(nil)
+	p, err := New(&Config{Upstream: self, Store: store, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &httptest.Server{Listener: ln, Config: &http.Server{Handler: p}}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	r := send(t, http.MethodGet, srv.URL+"/x", "")
+	if r.status != http.StatusLoopDetected || r.problemCode() != CodeLoopDetected {
+		t.Fatalf("looping GET: %v", r)
+	}
+	r = send(t, http.MethodPost, srv.URL+"/x", `{}`, idem.HeaderKey, newKey(t))
+	if r.status != http.StatusLoopDetected {
+		t.Fatalf("looping POST: %v", r)
+	}
+
+	up := newUpstream(t, nil)
+	px := newTestProxy(t, up, Config{})
+	send(t, http.MethodGet, px.URL+"/y", "", "Via", "1.1 other-proxy")
+	req, _ := up.last(t)
+	via := req.Header.Values("Via")
+	if len(via) != 2 || via[0] != "1.1 other-proxy" || !strings.HasPrefix(via[1], "1.1 idem-") {
+		t.Fatalf("the upstream got Via %q", via)
 	}
 }
 
@@ -545,6 +615,7 @@ func TestClientGoneStillStores(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, px.URL+"/p", strings.NewReader(`{}`))
 	req.Header.Set(idem.HeaderKey, key)
+	req.Header.Set("Authorization", testCredential)
 	req.Header.Set("Content-Type", "application/json")
 	errc := make(chan error, 1)
 	go func() {
@@ -629,5 +700,139 @@ func TestBrokenUpstreamBodyReleases(t *testing.T) {
 	r := send(t, http.MethodPost, px.URL+"/p", `{}`, idem.HeaderKey, key)
 	if r.status != http.StatusCreated || r.header.Get(idem.HeaderReplayed) != "false" || up.count(key) != 2 {
 		t.Fatalf("retry: %v (upstream ran %d)", r, up.count(key))
+	}
+}
+
+// rawUpstream answers every request on a connection with the fixed bytes
+// of resp (keepAlive responses first, then the last one), the way a server
+// outside Go's control would: it can send a Connection field that names
+// other fields along with close.
+func rawUpstream(t *testing.T, keepAlive int, resp func(i int) string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for i := 0; i <= keepAlive; i++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					io.WriteString(c, resp(i))
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// A field the upstream names in its Connection field is connection-
+// specific: never forwarded, stored or replayed, even when Connection also
+// says close (which Go's client removes before the proxy sees it); and
+// Set-Cookie2 is never replayed.
+func TestConnectionFieldsWithCloseAreNotStored(t *testing.T) {
+	t.Parallel()
+	const body = `{"id":1}`
+	// The first response on a connection keeps it alive and carries in its
+	// body what looks like a header block; the second closes it.
+	target := rawUpstream(t, 1, func(i int) string {
+		if i == 0 {
+			decoy := "HTTP/1.1 201 Created\r\nConnection: close, X-Other\r\n\r\n"
+			return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(decoy), decoy)
+		}
+		return "HTTP/1.1 201 Created\r\n" +
+			"Content-Type: application/json\r\n" +
+			"Connection: X-Conn-Secret, close\r\n" +
+			"Connection: x-hop\r\n" +
+			"X-Conn-Secret: per-connection\r\n" +
+			"X-Hop: 1\r\n" +
+			"X-Other: kept\r\n" +
+			"Set-Cookie2: legacy=1\r\n" +
+			"Content-Length: " + fmt.Sprint(len(body)) + "\r\n\r\n" + body
+	})
+	u, _ := url.Parse(target)
+	store, _ := memstore.New(nil)
+	p, err := New(&Config{Upstream: u, Store: store, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+
+	// One connection: a pass-through GET, then the protected POST on the
+	// same upstream connection.
+	if r := send(t, http.MethodGet, srv.URL+"/warm", ""); r.status != http.StatusOK {
+		t.Fatalf("warm-up: %v", r)
+	}
+	key := newKey(t)
+	first := send(t, http.MethodPost, srv.URL+"/p", `{}`, idem.HeaderKey, key)
+	replay := send(t, http.MethodPost, srv.URL+"/p", `{}`, idem.HeaderKey, key)
+	for name, r := range map[string]reply{"first": first, "replay": replay} {
+		if r.status != http.StatusCreated || r.body != body {
+			t.Fatalf("%s: %v", name, r)
+		}
+		for _, f := range []string{"X-Conn-Secret", "X-Hop", "Connection"} {
+			if v := r.header.Values(f); len(v) > 0 {
+				t.Errorf("%s carries %s: %q", name, f, v)
+			}
+		}
+		if r.header.Get("X-Other") != "kept" {
+			t.Errorf("%s lost X-Other, which Connection does not name: %v", name, r.header)
+		}
+	}
+	if replay.header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("not a replay: %v", replay)
+	}
+	// The first client gets its cookie; whoever retries does not.
+	if first.header.Get("Set-Cookie2") == "" || replay.header.Get("Set-Cookie2") != "" {
+		t.Errorf("Set-Cookie2: first %q, replay %q", first.header.Get("Set-Cookie2"), replay.header.Get("Set-Cookie2"))
+	}
+}
+
+// captureConn keeps exactly the last captureSize bytes read, whatever the
+// sizes of the reads.
+func TestCaptureConnKeepsTheLastBytes(t *testing.T) {
+	t.Parallel()
+	data := make([]byte, 3*captureSize+123)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	a, b := net.Pipe()
+	go func() {
+		defer a.Close()
+		for off, step := 0, 1; off < len(data); step = step*3 + 1 {
+			n := min(step%(2*captureSize)+1, len(data)-off)
+			a.Write(data[off : off+n])
+			off += n
+		}
+	}()
+	c := &captureConn{Conn: b}
+	buf := make([]byte, 2*captureSize+7)
+	read := 0
+	for {
+		n, err := c.Read(buf)
+		read += n
+		if got, want := c.recent(), data[max(0, read-captureSize):read]; !bytes.Equal(got, want) {
+			t.Fatalf("after %d bytes: kept %d bytes, not the last %d", read, len(got), len(want))
+		}
+		if err != nil {
+			break
+		}
+	}
+	if read != len(data) {
+		t.Fatalf("read %d of %d", read, len(data))
 	}
 }

@@ -61,8 +61,12 @@ type Settings struct {
 	// ScopeHeader names the request header whose value identifies the
 	// client: records are scoped by a SHA-256 of its value, so one
 	// client's keys never meet another's and the credential itself is
-	// never stored. Requests without the header share one anonymous scope.
-	// Empty means no scope: all clients share one key space.
+	// never stored. A protected request without the header (or with an
+	// empty one) is refused with 400 proxy.scope_missing before anything
+	// is claimed: it cannot be told apart from another client's, and
+	// sharing a scope would hand one client another's stored response.
+	// Empty means no scope, an explicit choice ("none" in flags and
+	// files): all clients share one key space.
 	ScopeHeader string
 
 	// MaxRequestBody bounds the body of a protected request, which is
@@ -97,6 +101,16 @@ func DefaultSettings() Settings {
 	}
 }
 
+// MaxDuration is the longest lease, TTL, wait or upstream timeout a route
+// may have: the core's maximum TTL (10 years), beyond which an expiry
+// overflows.
+const MaxDuration = idem.MaxTTL
+
+// humanDuration spells d in days, for messages.
+func humanDuration(d time.Duration) string {
+	return fmt.Sprintf("%d days", d/(24*time.Hour))
+}
+
 // fieldError is a problem with one setting, named as in the configuration
 // file so that the file parser can point at its line.
 type fieldError struct {
@@ -126,6 +140,17 @@ func (s Settings) check() []fieldError {
 	}
 	if s.TTL < s.Lease {
 		add("ttl", "ttl %v is shorter than lease %v", s.TTL, s.Lease)
+	}
+	// Beyond MaxTTL an expiry time overflows (every request would then
+	// fail with a lease lost in the 18th century): refused here, at start
+	// and by --check-config, rather than by the first request.
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"lease", s.Lease}, {"ttl", s.TTL}, {"wait", s.Wait}, {"upstream_timeout", s.UpstreamTimeout}} {
+		if d.v > MaxDuration {
+			add(d.field, "%s %v is longer than the maximum %v (%s)", d.field, d.v, MaxDuration, humanDuration(MaxDuration))
+		}
 	}
 	if s.Wait < 0 {
 		add("wait", "wait %v is negative", s.Wait)
@@ -332,18 +357,43 @@ func (p *OutcomePolicy) String() string {
 	return strings.Join(append(parts, "otherwise default"), "; ")
 }
 
-// scopeFunc returns the idem.Config.ScopeFunc for a scope header: the
+// CodeScopeMissing (400): a protected request lacks the header that
+// scopes its records (Settings.ScopeHeader), so the proxy cannot keep its
+// key apart from another client's. Nothing was claimed or forwarded.
+const CodeScopeMissing = "proxy.scope_missing"
+
+// NoScope is how flags and configuration files spell an empty
+// ScopeHeader: no scope, every client in one key space.
+const NoScope = "none"
+
+// ParseScopeHeader turns a --scope-header or scope_header value into a
+// ScopeHeader: "none" (any case) or "" is no scope.
+func ParseScopeHeader(v string) string {
+	if strings.EqualFold(strings.TrimSpace(v), NoScope) {
+		return ""
+	}
+	return v
+}
+
+// scopeFunc returns the idem.Config.TenantFunc for a scope header: the
 // client is a SHA-256 of the header's value, so that the credential itself
-// never reaches the store. Nil for no scope.
+// never reaches the store; a request without the header is refused with
+// CodeScopeMissing. Nil for no scope.
 func scopeFunc(header string) func(*http.Request) (string, error) {
 	if header == "" {
 		return nil
 	}
 	name := textproto.CanonicalMIMEHeaderKey(header)
+	missing := &idem.Problem{Status: http.StatusBadRequest, Code: CodeScopeMissing,
+		Type:  problemTypeBase + CodeScopeMissing,
+		Title: "The request does not say which client it comes from",
+		Detail: "Idempotency records are kept per client, identified by the " + name + " header, which this request lacks. " +
+			"Send it; requests without it cannot be told apart from another client's and are refused."}
 	return func(r *http.Request) (string, error) {
 		vs := r.Header[name]
-		if len(vs) == 0 {
-			return "", nil
+		if len(vs) == 0 || len(vs) == 1 && strings.TrimSpace(vs[0]) == "" {
+			p := *missing // the core may set fields of the problem it writes
+			return "", &p
 		}
 		v := vs[0]
 		if len(vs) > 1 {

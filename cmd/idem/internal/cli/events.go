@@ -1,0 +1,106 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/cmd/idem/internal/events"
+	"github.com/idemhq/idem/cmd/idem/internal/payments"
+	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/sqliteoutbox"
+)
+
+// eventsFlags are idem serve's flags for the payment.created events.
+type eventsFlags struct {
+	url, subject, failReference *string
+	lease                       *time.Duration
+}
+
+func (f *flags) eventsFlags() eventsFlags {
+	return eventsFlags{
+		url:           f.String("events", "", "publish a payment.created event for every payment to this broker:\nnats://HOST:4222 (JetStream) or amqp://USER:PASS@HOST:5672/; the event\ncommits in the payment's transaction (an outbox) and a dispatcher\npublishes it at least once"),
+		subject:       f.String("events-subject", events.DefaultSubject, "the events' NATS subject or AMQP routing key"),
+		lease:         f.Duration("events-lease", outbox.DefaultLease, "how long a dispatcher's claim holds events it is publishing; another\nprocess's dispatcher publishes them after it if this one died"),
+		failReference: f.String("fail-reference", "", "make payments with this reference fail (500) after they were\nwritten, to show that a failed payment leaves no row and no event"),
+	}
+}
+
+// check validates the flags (before anything is opened).
+func (ef eventsFlags) check(sameDB bool) error {
+	if *ef.url == "" {
+		return nil
+	}
+	if *ef.lease < time.Second {
+		return fmt.Errorf("--events-lease must be at least 1s, not %v", *ef.lease)
+	}
+	if _, err := events.BrokerOf(*ef.url); err != nil {
+		return err
+	}
+	if err := events.ValidateSubject(*ef.subject); err != nil {
+		return err
+	}
+	if !sameDB {
+		return errors.New("--events needs the records in the --db database (no --store): the event commits in the payment's transaction")
+	}
+	return nil
+}
+
+// start sets up the outbox in db and runs its dispatcher until ctx ends;
+// it returns the hook that adds a payment's event in the payment's
+// transaction, and a function that waits for the dispatcher to stop.
+func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string, logger *slog.Logger) (func(context.Context, payments.Payment, string) error, func(), error) {
+	if *ef.url == "" {
+		return nil, func() {}, nil
+	}
+	var ob addStore
+	switch {
+	case db.SQLite != nil:
+		s, err := sqliteoutbox.New(db.SQLite.DB(), nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := s.Migrate(ctx); err != nil {
+			return nil, nil, err
+		}
+		ob = s
+	default:
+		s, err := newPGOutbox(ctx, db, spec)
+		if err != nil {
+			return nil, nil, err
+		}
+		ob = s
+	}
+	conn, err := events.Dial(ctx, *ef.url, *ef.subject, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := outbox.NewDispatcher(ob, conn.Publisher, &outbox.Config{Logger: logger, Lease: *ef.lease, PublishTimeout: min(outbox.DefaultPublishTimeout, *ef.lease/3)})
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer conn.Close()
+		_ = d.Run(ctx)
+	}()
+	logger.Info("publishing payment events", "broker", conn.Where, "subject", *ef.subject)
+	subject := *ef.subject
+	hook := func(ctx context.Context, p payments.Payment, tenant string) error {
+		msg, err := events.Event(subject, events.PaymentCreated{PaymentID: p.ID, Tenant: tenant, AmountCents: p.AmountCents,
+			Currency: p.Currency, Reference: p.Reference, CreatedAt: p.CreatedAt})
+		if err != nil {
+			return err
+		}
+		if err := ob.Add(ctx, msg); err != nil {
+			return fmt.Errorf("events: %w", err)
+		}
+		return nil
+	}
+	return hook, func() { <-done }, nil
+}

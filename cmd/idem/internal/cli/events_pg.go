@@ -1,0 +1,32 @@
+package cli
+
+import (
+	"context"
+	"net/url"
+
+	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/pgoutbox"
+)
+
+type addStore interface {
+	outbox.Store
+	Add(ctx context.Context, msgs ...outbox.Message) error
+}
+
+// newPGOutbox opens the outbox in the --db PostgreSQL database, in the
+// records' schema (idem_schema, default "idem") as table "outbox".
+func newPGOutbox(ctx context.Context, db *backend.Store, spec string) (addStore, error) {
+	cfg := &pgoutbox.Config{}
+	if u, err := url.Parse(spec); err == nil {
+		cfg.Schema = u.Query().Get("idem_schema")
+	}
+	s, err := pgoutbox.New(db.PG, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}

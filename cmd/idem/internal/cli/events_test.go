@@ -1,0 +1,48 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestEventsFlagsRejectBadValues(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		cmd  string
+		args []string
+		want string
+	}{
+		{"serve", []string{"--events", "http://x"}, "nats:// or amqp://"},
+		{"serve", []string{"--events", "nats://127.0.0.1:1", "--events-subject", "a.*"}, "--events-subject"},
+		{"serve", []string{"--events", "nats://127.0.0.1:1", "--events-subject", "a..b"}, "empty token"},
+		{"serve", []string{"--events", "nats://127.0.0.1:1", "--store", "memory"}, "--events needs the records"},
+		{"serve", []string{"--events", "nats://127.0.0.1:1", "--events-lease", "10ms"}, "--events-lease"},
+		{"consume", nil, "--events is required"},
+		{"consume", []string{"--events", "redis://x"}, "nats:// or amqp://"},
+		{"consume", []string{"--events", "nats://127.0.0.1:1", "--db", "memory"}, "SQLite file"},
+		{"consume", []string{"--events", "nats://127.0.0.1:1", "--lease", "1h", "--ttl", "1m"}, "--lease"},
+		{"consume", []string{"--events", "nats://127.0.0.1:1", "extra"}, "unexpected argument"},
+	} {
+		var errs bytes.Buffer
+		code := Main(context.Background(), append([]string{c.cmd}, c.args...), io.Discard, &errs)
+		if code != exitUsage || !strings.Contains(errs.String(), c.want) {
+			t.Errorf("idem %s %v: exit %d, %q; want %d and %q", c.cmd, c.args, code, errs.String(), exitUsage, c.want)
+		}
+	}
+}
+
+func TestConsumeReadsFlagsFromEnvironment(t *testing.T) {
+	t.Setenv("IDEM_EVENTS", "ftp://nope")
+	var errs bytes.Buffer
+	if code := Main(context.Background(), []string{"consume"}, io.Discard, &errs); code != exitUsage || !strings.Contains(errs.String(), "nats:// or amqp://") {
+		t.Fatalf("exit %d, %q; want IDEM_EVENTS read and refused", code, errs.String())
+	}
+	var out bytes.Buffer
+	if code := Main(context.Background(), []string{"consume", "--help"}, &out, io.Discard); code != exitOK ||
+		!strings.Contains(out.String(), "IDEM_EVENTS_SUBJECT") || !strings.Contains(out.String(), "IDEM_ACK_WAIT") {
+		t.Fatalf("help: exit %d, %q", code, out.String())
+	}
+}

@@ -1,0 +1,276 @@
+package idem
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// ErrRecordUnreadable is returned by Executor.Do (and answered with 503
+// idempotency.record_unreadable) when a completed record exists but its
+// response cannot be decrypted: its key id is no longer in the keyring, the
+// ciphertext was altered or copied from another record, or the record is
+// encrypted and no keys are configured (or not encrypted and plaintext is
+// not accepted). The key stays completed: the operation is never executed
+// again and nothing undecryptable is replayed. It is not a store failure,
+// so Config.FailOpen does not apply to it.
+var ErrRecordUnreadable = errors.New("idem: the stored response cannot be decrypted")
+
+// Encryption protects what idem stores (set it as Config.Encryption):
+//
+//   - every stored response (status, header fields, body) is sealed with
+//     AES-256-GCM under a random data key of its own, and that data key is
+//     wrapped by the KeyProvider, whose key id is stored with the record;
+//   - the record's scope and key are authenticated as associated data of
+//     both, so a ciphertext moved to another record does not decrypt;
+//   - optionally (EncryptionConfig.HashKey) the stores hold an HMAC of the
+//     scope and the key instead of the client's values.
+//
+// It works in the core, on the Response handed to Store.Complete (and
+// StoreTx.Complete) and returned by Store.Claim, so every store gets it
+// and keeps its optional capabilities. An Encryption is immutable and safe
+// for concurrent use. Its methods accept a nil receiver, which means
+// encryption off.
+type Encryption struct {
+	keys            KeyProvider
+	hashKey         []byte
+	acceptPlaintext bool
+	// macs holds HMAC-SHA256 states under hashKey: building one costs
+	// more than the digest of a scope and a key.
+	macs sync.Pool
+}
+
+// EncryptionConfig configures NewEncryption. A nil *EncryptionConfig
+// means every default.
+type EncryptionConfig struct {
+	// HashKey, when set, makes the core hand stores an HMAC-SHA256 of the
+	// record scope and of the idempotency key (base64url, 43 characters
+	// each) instead of the values themselves, so a store's contents name no
+	// tenant and no client key. It must be at least 32 bytes, secret, and
+	// the same for as long as records live: with another HashKey every
+	// stored record is out of reach, and a retry of an operation already
+	// executed would run it again. It therefore never rotates with the
+	// keyring. Defaults to none: scope and key are stored as they are.
+	HashKey []byte
+
+	// AcceptPlaintext replays records that are not encrypted: those written
+	// before encryption was turned on, within their TTL. Without it such a
+	// record is answered with 503 idempotency.record_unreadable, since with
+	// encryption on no unencrypted record should exist. While it is set,
+	// someone who can write to the store can also plant a plain record that
+	// will be replayed, so turn it off once a TTL has passed since
+	// encryption was turned on. Defaults to false.
+	AcceptPlaintext bool
+}
+
+// NewEncryption returns an Encryption that wraps data keys with keys.
+func NewEncryption(keys KeyProvider, cfg *EncryptionConfig) (*Encryption, error) {
+	if keys == nil {
+		return nil, errors.New("idem: encryption: nil KeyProvider")
+	}
+	e := &Encryption{keys: keys}
+	if cfg != nil {
+		if cfg.HashKey != nil && len(cfg.HashKey) < 32 {
+			return nil, fmt.Errorf("idem: encryption: HashKey is %d bytes, want at least 32", len(cfg.HashKey))
+		}
+		e.hashKey = append([]byte(nil), cfg.HashKey...)
+		if len(e.hashKey) == 0 {
+			e.hashKey = nil
+		}
+		e.acceptPlaintext = cfg.AcceptPlaintext
+	}
+	e.macs.New = func() any { return hmac.New(sha256.New, e.hashKey) }
+	return e, nil
+}
+
+// envelopeField marks a sealed response. A name that starts with a colon
+// is no valid HTTP/1 field name and is a pseudo-header in HTTP/2, so no
+// handler's response carries it: a sealed record is never mistaken for a
+// plain one, with or without encryption configured.
+const envelopeField = ":idem-envelope"
+
+const (
+	// envelopeV1 is the first value of the envelope field: the format.
+	envelopeV1 = "v1"
+	// sealedStatus is the status code of a sealed response as stores see
+	// it; the real one is inside the ciphertext.
+	sealedStatus = http.StatusOK
+	dataKeySize  = 32
+	gcmNonceSize = 12
+	gcmTagSize   = 16
+)
+
+// Seal returns the form of r to store for (scope, key). r's status, header
+// fields and flags (its binary encoding without the body) followed by its
+// body are encrypted as one AES-256-GCM message under a fresh data key, and
+// the ciphertext is split: the body's part becomes the sealed response's
+// body, of the same length as r's, so that encryption never pushes a body
+// over a store's limit; the rest travels in the field ":idem-envelope",
+// whose values are "v1" and the base64url of: key id and wrapped data key
+// (each a uvarint length and bytes), the 12-byte nonce, the 16-byte tag,
+// and the encrypted status and header fields. The sealed response's status
+// is 200. scope and key are the record's own (not hashed); with a nil
+// receiver Seal returns r.
+func (e *Encryption) Seal(ctx context.Context, scope, key string, r *Response) (*Response, error) {
+	if e == nil {
+		return r, nil
+	}
+	meta, err := (&Response{StatusCode: r.StatusCode, Header: r.Header, Unreplayable: r.Unreplayable}).MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	var rnd [dataKeySize + gcmNonceSize]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("idem: encryption: %w", err)
+	}
+	dk, nonce := rnd[:dataKeySize], rnd[dataKeySize:]
+	aad := envelopeAAD(scope, key, len(meta))
+	keyID, wrapped, err := e.keys.WrapKey(ctx, dk, aad)
+	if err != nil {
+		return nil, fmt.Errorf("idem: encryption: wrap data key: %w", err)
+	}
+	aead, err := newGCM(dk)
+	if err != nil {
+		return nil, err
+	}
+	plain := make([]byte, 0, len(meta)+len(r.Body)+gcmTagSize)
+	plain = append(append(plain, meta...), r.Body...)
+	ct := aead.Seal(plain[:0], nonce, plain, aad)
+	metaCt, bodyCt, tag := ct[:len(meta)], ct[len(meta):len(ct)-gcmTagSize], ct[len(ct)-gcmTagSize:]
+
+	env := make([]byte, 0, 2*binary.MaxVarintLen64+len(keyID)+len(wrapped)+gcmNonceSize+gcmTagSize+len(metaCt))
+	env = appendField(env, keyID)
+	env = appendField(env, wrapped)
+	env = append(append(append(env, nonce...), tag...), metaCt...)
+	var body []byte
+	if len(bodyCt) > 0 {
+		body = bodyCt
+	}
+	return &Response{StatusCode: sealedStatus, Body: body, Header: http.Header{
+		envelopeField: {envelopeV1, base64.RawURLEncoding.EncodeToString(env)},
+	}}, nil
+}
+
+// Open returns the response that Seal sealed into r for (scope, key). It
+// returns an error wrapping ErrRecordUnreadable (and ErrUnknownKeyID or
+// ErrDecrypt where they apply) when it cannot: it never returns bytes that
+// did not authenticate. A response that is not sealed is returned as it is
+// if encryption is off (nil receiver) or AcceptPlaintext is set.
+func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (*Response, error) {
+	if r == nil {
+		return nil, nil
+	}
+	v, sealed := r.Header[envelopeField]
+	if !sealed {
+		if e == nil || e.acceptPlaintext {
+			return r, nil
+		}
+		return nil, fmt.Errorf("%w: the record is not encrypted (EncryptionConfig.AcceptPlaintext is off)", ErrRecordUnreadable)
+	}
+	if e == nil {
+		return nil, fmt.Errorf("%w: the record is encrypted and no encryption keys are configured", ErrRecordUnreadable)
+	}
+	if len(v) != 2 || v[0] != envelopeV1 || len(r.Header) != 1 || r.StatusCode != sealedStatus || r.Unreplayable {
+		return nil, fmt.Errorf("%w: unknown envelope format", ErrRecordUnreadable)
+	}
+	env, err := base64.RawURLEncoding.Strict().DecodeString(v[1])
+	if err != nil {
+		return nil, fmt.Errorf("%w: malformed envelope", ErrRecordUnreadable)
+	}
+	d := decoder{b: env}
+	keyID := d.field()
+	wrapped := d.field()
+	if d.err != nil || len(d.b) < gcmNonceSize+gcmTagSize {
+		return nil, fmt.Errorf("%w: malformed envelope", ErrRecordUnreadable)
+	}
+	nonce, tag, metaCt := d.b[:gcmNonceSize], d.b[gcmNonceSize:gcmNonceSize+gcmTagSize], d.b[gcmNonceSize+gcmTagSize:]
+	aad := envelopeAAD(scope, key, len(metaCt))
+	dk, err := e.keys.UnwrapKey(ctx, string(keyID), wrapped, aad)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRecordUnreadable, err)
+	}
+	if len(dk) != dataKeySize {
+		return nil, fmt.Errorf("%w: data key of %d bytes", ErrRecordUnreadable, len(dk))
+	}
+	aead, err := newGCM(dk)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRecordUnreadable, err)
+	}
+	ct := make([]byte, 0, len(metaCt)+len(r.Body)+gcmTagSize)
+	ct = append(append(append(ct, metaCt...), r.Body...), tag...)
+	plain, err := aead.Open(ct[:0], nonce, ct, aad)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w: response under key %q", ErrRecordUnreadable, ErrDecrypt, keyID)
+	}
+	out := new(Response)
+	if err := out.UnmarshalBinary(plain[:len(metaCt)]); err != nil || len(out.Body) != 0 {
+		return nil, fmt.Errorf("%w: malformed sealed response", ErrRecordUnreadable)
+	}
+	if len(plain) > len(metaCt) {
+		out.Body = plain[len(metaCt):]
+	}
+	return out, nil
+}
+
+// StoredKey returns the (scope, key) under which stores keep the record
+// of (scope, key): HMAC-SHA256 digests under EncryptionConfig.HashKey, or
+// the values themselves without one (or with a nil receiver). The key's
+// digest covers the scope too, so equal keys of two tenants do not show as
+// equal digests.
+func (e *Encryption) StoredKey(scope, key string) (string, string) {
+	if e == nil || e.hashKey == nil {
+		return scope, key
+	}
+	m := e.macs.Get().(hash.Hash)
+	defer e.macs.Put(m)
+	var in [256]byte
+	var sum [sha256.Size]byte
+	m.Reset()
+	m.Write(append(append(in[:0], 's'), scope...))
+	hs := base64.RawURLEncoding.EncodeToString(m.Sum(sum[:0]))
+	m.Reset()
+	b := binary.AppendUvarint(append(in[:0], 'k'), uint64(len(scope)))
+	m.Write(append(append(b, scope...), key...))
+	return hs, base64.RawURLEncoding.EncodeToString(m.Sum(sum[:0]))
+}
+
+// envelopeAAD is the associated data that binds a sealed response (and its
+// wrapped data key) to its record.
+func envelopeAAD(scope, key string, metaLen int) []byte {
+	b := make([]byte, 0, 32+len(scope)+len(key))
+	b = append(b, "idem-envelope-v1"...)
+	b = appendField(b, scope)
+	b = appendField(b, key)
+	return binary.AppendUvarint(b, uint64(metaLen))
+}
+
+func newGCM(key []byte) (cipher.AEAD, error) {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
+}
+
+// unreadable reports a completed record whose response cannot be opened:
+// logged as an error (the operator must restore a key or investigate
+// tampering), observed as a store error with CodeRecordUnreadable, and
+// returned as an error wrapping ErrRecordUnreadable.
+func (e *Executor) unreadable(ctx context.Context, p DoParams, start time.Time, err error) error {
+	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored response cannot be decrypted; answering 503 without executing",
+		slog.String("operation", p.Operation), keyAttr(p.Key), slog.Any("error", err))
+	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable, Err: err}, start)
+	return err
+}

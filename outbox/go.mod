@@ -1,0 +1,3 @@
+module github.com/idemhq/idem/outbox
+
+go 1.26.0

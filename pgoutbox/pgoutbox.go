@@ -1,0 +1,259 @@
+// Package pgoutbox keeps an outbox (see package outbox) in PostgreSQL, so
+// that messages commit in the same transaction as an idempotent
+// operation's business rows and its stored response (pgstore.Tx).
+//
+//	ob, _ := pgoutbox.New(pool, nil)
+//	_ = ob.Migrate(ctx)
+//	// inside the handler, after the business writes:
+//	err := ob.Add(r.Context(), outbox.Message{ID: "payment.created:" + id, Topic: "idem.payments.created", Payload: event})
+//	// and, in every process:
+//	d, _ := outbox.NewDispatcher(ob, publisher, nil)
+//	go d.Run(ctx)
+//
+// The table is the outbox's own (default idem.outbox), created by
+// Migrate. Claims are leases on rows, decided by the server's clock
+// (now()). Claim statements of all dispatchers are serialised by a
+// transaction-scoped advisory lock, so that the rule "no message of a key
+// while an earlier one is held" sees every committed claim; rows another
+// transaction is updating are skipped (FOR UPDATE SKIP LOCKED) rather than
+// waited for. Publishing happens outside any transaction.
+package pgoutbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/pgstore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of Config.
+const (
+	DefaultSchema = "idem"
+	DefaultTable  = "outbox"
+)
+
+// Config configures a Store. A nil *Config means all defaults.
+type Config struct {
+	// Schema holds the outbox table; Migrate creates it if absent. A plain
+	// SQL identifier. Defaults to "idem" (pgstore's default schema).
+	Schema string
+	// Table names the outbox table, a plain SQL identifier. Defaults to
+	// "outbox".
+	Table string
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Store is an outbox table in PostgreSQL. It implements outbox.Store.
+type Store struct {
+	pool   *pgxpool.Pool
+	schema string
+	table  string // quoted and schema-qualified
+	name   string // the table's own name, for its indexes
+	lockID string // advisory lock name of the claims
+}
+
+var _ outbox.Store = (*Store)(nil)
+
+// New returns the outbox in the database of pool, which the caller owns.
+// It runs no statement; call Migrate once.
+func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if pool == nil {
+		return nil, errors.New("pgoutbox: nil pool")
+	}
+	if !identifier.MatchString(c.Schema) || !identifier.MatchString(c.Table) {
+		return nil, fmt.Errorf("pgoutbox: schema %q and table %q must be plain SQL identifiers", c.Schema, c.Table)
+	}
+	t := pgx.Identifier{c.Schema, c.Table}.Sanitize()
+	return &Store{pool: pool, schema: c.Schema, table: t, name: c.Table, lockID: "idem outbox claims " + t}, nil
+}
+
+// Migrate creates the schema, the outbox table and its indexes if they do
+// not exist. Concurrent calls (several processes starting) are serialised
+// by an advisory lock.
+func (s *Store) Migrate(ctx context.Context) error {
+	t := s.table
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "idem outbox migrate "+t); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `
+			CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{s.schema}.Sanitize()+`;
+			CREATE TABLE IF NOT EXISTS `+t+` (
+				seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+				id          TEXT        NOT NULL UNIQUE,
+				topic       TEXT        NOT NULL,
+				okey        TEXT        NOT NULL,
+				payload     BYTEA       NOT NULL,
+				headers     TEXT        NOT NULL,
+				created_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+				sent_at     TIMESTAMPTZ,
+				claimed_by  TEXT,
+				claim_until TIMESTAMPTZ,
+				attempts    INTEGER     NOT NULL DEFAULT 0
+			);
+			CREATE INDEX IF NOT EXISTS `+s.indexName("unsent")+` ON `+t+` (seq) WHERE sent_at IS NULL;
+			CREATE INDEX IF NOT EXISTS `+s.indexName("key")+` ON `+t+` (okey, seq) WHERE sent_at IS NULL AND okey <> '';
+			CREATE INDEX IF NOT EXISTS `+s.indexName("sent")+` ON `+t+` (sent_at) WHERE sent_at IS NOT NULL;`)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pgoutbox: migrate: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) indexName(suffix string) string {
+	return pgx.Identifier{s.name + "_" + suffix}.Sanitize()
+}
+
+// Add adds msgs to the outbox inside the transaction of the idempotent
+// execution ctx belongs to (pgstore.Tx): they commit with the operation's
+// business rows and stored response, or not at all. Outside such an
+// execution it returns an error wrapping idem.ErrNoTx. See AddTx.
+func (s *Store) Add(ctx context.Context, msgs ...outbox.Message) error {
+	tx, err := pgstore.Tx(ctx)
+	if err != nil {
+		return fmt.Errorf("pgoutbox: add: %w", err)
+	}
+	return s.AddTx(ctx, tx, msgs...)
+}
+
+// AddTx adds msgs in the caller's transaction tx, on this database. A
+// message without an ID gets a random one. A message whose ID is already in
+// the outbox (until cleanup removes it) is not added again, so that a
+// re-executed operation does not publish its event twice.
+func (s *Store) AddTx(ctx context.Context, tx pgx.Tx, msgs ...outbox.Message) error {
+	if tx == nil {
+		return errors.New("pgoutbox: add: nil transaction")
+	}
+	for i := range msgs {
+		m := msgs[i]
+		if err := outbox.Prepare(&m); err != nil {
+			return err
+		}
+		h, err := outbox.EncodeHeaders(m.Headers)
+		if err != nil {
+			return fmt.Errorf("pgoutbox: add: %w", err)
+		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+s.table+` (id, topic, okey, payload, headers)
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, m.ID, m.Topic, m.Key, payload, h); err != nil {
+			return fmt.Errorf("pgoutbox: add: %w", err)
+		}
+	}
+	return nil
+}
+
+// Claim implements outbox.Store, with the server's clock.
+func (s *Store) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Message, error) {
+	if p.Limit <= 0 || p.Owner == "" {
+		return nil, errors.New("pgoutbox: claim needs an owner and a positive limit")
+	}
+	t := s.table
+	var msgs []outbox.Message
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		msgs = msgs[:0]
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, s.lockID); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+			UPDATE `+t+` SET claimed_by = $1, claim_until = now() + $2 * interval '1 microsecond', attempts = attempts + 1
+			WHERE seq IN (
+				SELECT o.seq FROM `+t+` o
+				WHERE o.sent_at IS NULL AND (o.claim_until IS NULL OR o.claim_until <= now())
+				  AND (o.okey = '' OR NOT EXISTS (
+					SELECT 1 FROM `+t+` e
+					WHERE e.okey = o.okey AND e.seq < o.seq AND e.sent_at IS NULL AND e.claim_until > now()))
+				ORDER BY o.seq LIMIT $3
+				FOR UPDATE SKIP LOCKED)
+			RETURNING seq, id, topic, okey, payload, headers`,
+			p.Owner, p.Lease.Microseconds(), p.Limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var m outbox.Message
+			var h string
+			if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &h); err != nil {
+				return err
+			}
+			if m.Headers, err = outbox.DecodeHeaders(h); err != nil {
+				return err
+			}
+			msgs = append(msgs, m)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgoutbox: claim: %w", err)
+	}
+	// RETURNING has no order of its own.
+	slices.SortFunc(msgs, func(a, b outbox.Message) int { return cmp.Compare(a.Seq, b.Seq) })
+	return msgs, nil
+}
+
+// MarkSent implements outbox.Store.
+func (s *Store) MarkSent(ctx context.Context, owner string, seqs []int64) error {
+	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET sent_at = now(), claimed_by = NULL, claim_until = NULL
+		WHERE seq = ANY($1) AND sent_at IS NULL`, seqs)
+	if err != nil {
+		return fmt.Errorf("pgoutbox: mark sent: %w", err)
+	}
+	return nil
+}
+
+// Release implements outbox.Store.
+func (s *Store) Release(ctx context.Context, owner string, seqs []int64) error {
+	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET claimed_by = NULL, claim_until = NULL
+		WHERE seq = ANY($1) AND claimed_by = $2 AND sent_at IS NULL`, seqs, owner)
+	if err != nil {
+		return fmt.Errorf("pgoutbox: release: %w", err)
+	}
+	return nil
+}
+
+// DeleteSent implements outbox.Store.
+func (s *Store) DeleteSent(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, errors.New("pgoutbox: DeleteSent needs a positive limit")
+	}
+	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+` WHERE seq IN (
+		SELECT seq FROM `+s.table+` WHERE sent_at IS NOT NULL AND sent_at <= $1 ORDER BY sent_at LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("pgoutbox: delete sent: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Pending returns how many messages are not yet sent: for health checks
+// and tests.
+func (s *Store) Pending(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, `SELECT COUNT(*) FROM `+s.table+` WHERE sent_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("pgoutbox: pending: %w", err)
+	}
+	return n, nil
+}

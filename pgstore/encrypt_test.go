@@ -1,0 +1,100 @@
+package pgstore_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/storetest"
+	"github.com/jackc/pgx/v5"
+)
+
+func TestConformanceEncrypted(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, storetest.Harness{
+		NewStore:    func(t *testing.T) idem.Store { return newFixture(t, nil).store },
+		ServerClock: true,
+		Encryption:  testEncryption(t),
+	})
+}
+
+// testEncryption is a one-key encryption with key hashing.
+func testEncryption(t *testing.T) *idem.Encryption {
+	t.Helper()
+	k := sha256.Sum256([]byte("pgstore test key"))
+	kr, err := idem.NewKeyring(idem.KeyringKey{ID: "1", Key: k[:]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.Sum256([]byte("pgstore hash key"))
+	enc, err := idem.NewEncryption(kr, &idem.EncryptionConfig{HashKey: h[:]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return enc
+}
+
+func TestEncryptionAtRest(t *testing.T) {
+	t.Parallel()
+	storetest.RunAtRest(t, storetest.AtRestHarness{
+		NewStore: func(t *testing.T) (idem.Store, storetest.Raw) {
+			f := newFixture(t, nil)
+			return f.store, pgRaw{f}
+		},
+	})
+}
+
+// pgRaw reads and writes the records table with pgx, as a database login
+// or a restored backup would.
+type pgRaw struct{ f *fixture }
+
+func (r pgRaw) ctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Dump returns every column of every row, the bytea column as its bytes.
+func (r pgRaw) Dump(t *testing.T) []byte {
+	t.Helper()
+	rows, err := r.f.pool.Query(r.ctx(t), `SELECT scope, key, fingerprint, coalesce(token, ''), coalesce(response, ''::bytea), expires_at::text FROM `+r.f.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []byte
+	for rows.Next() {
+		var scope, key, fp, token, exp string
+		var resp []byte
+		if err := rows.Scan(&scope, &key, &fp, &token, &resp, &exp); err != nil {
+			t.Fatal(err)
+		}
+		all = append(append(all, scope+key+fp+token+exp...), resp...)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return all
+}
+
+func (r pgRaw) Response(t *testing.T, scope, key string) []byte {
+	t.Helper()
+	var b []byte
+	err := r.f.pool.QueryRow(r.ctx(t), `SELECT response FROM `+r.f.table+` WHERE scope = $1 AND key = $2`, scope, key).Scan(&b)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (r pgRaw) SetResponse(t *testing.T, scope, key string, b []byte) {
+	t.Helper()
+	if n := r.f.exec(t, `UPDATE `+r.f.table+` SET response = $1 WHERE scope = $2 AND key = $3`, b, scope, key); n != 1 {
+		t.Fatalf("SetResponse updated %d rows", n)
+	}
+}
