@@ -2,6 +2,7 @@ package drills_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -28,8 +29,8 @@ func fakeClockHistory(seed uint64) drills.HistoryConfig {
 // serverClockHistory shapes histories for stores that use their server's
 // clock: real time passes, so leases are short.
 func serverClockHistory(seed uint64, slack time.Duration) drills.HistoryConfig {
-	return drills.HistoryConfig{Clients: 4, Ops: scale(60, 400), Keys: 3,
-		Lease: 150 * time.Millisecond, TTL: 400 * time.Millisecond, Pause: 25 * time.Millisecond,
+	return drills.HistoryConfig{Clients: 4, Ops: scale(60, 400), Keys: 4,
+		Lease: 100 * time.Millisecond, TTL: 300 * time.Millisecond, Pause: 25 * time.Millisecond,
 		ServerClock: true, Slack: slack, Seed: seed}
 }
 
@@ -122,9 +123,17 @@ func TestCheckerCatchesBrokenStores(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := drills.Record(t.Context(), wrap(m), fakeClockHistory(7))
-			res, _ := porcupine.CheckOperationsVerbose(drills.Model(), h, time.Minute)
+			res, info := porcupine.CheckOperationsVerbose(drills.Model(), h, time.Minute)
 			if res != porcupine.Illegal {
 				t.Fatalf("history on a %s store checked %v, want Illegal", name, res)
+			}
+			// What Check saves for a failing history renders.
+			path := filepath.Join(t.TempDir(), "history.html")
+			if err := porcupine.VisualizePath(drills.Model(), info, path); err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Stat(path); err != nil || fi.Size() < 1000 {
+				t.Fatalf("visualisation %s: %v", path, err)
 			}
 		})
 	}
