@@ -93,9 +93,11 @@ func DefaultOutcome(status int) Outcome {
 //   - observability: Observer, Logger;
 //   - which requests need a key, and how they are identified (Middleware
 //     only): Requirement, RequiredMethods, ValidateKeyFunc, TenantFunc,
-//     OperationFunc, FingerprintFunc;
+//     OperationFunc, FingerprintFunc, FingerprintExclude,
+//     FingerprintInclude;
 //   - limits and answers (Middleware only): MaxRequestBody,
-//     MaxResponseBody, ReplayDenyHeaders, FailOpen, ErrorFunc.
+//     MaxResponseBody, ReplayDenyHeaders, FailOpen, ProblemBaseURL,
+//     ErrorFunc.
 //
 // NewExecutor ignores the fields marked "Middleware only".
 type Config struct {
@@ -227,6 +229,36 @@ type Config struct {
 	// executed again. See NewEncryption. Defaults to nil: responses are
 	// stored as they are, and an encrypted record is unreadable.
 	Encryption *Encryption
+	// ProblemBaseURL is the base of the "type" URI of idem's own problems:
+	// the problem code is appended to it (so a base ending in "#" names an
+	// anchor per code), and WriteProblem also sends the URI in a Link
+	// field with rel="describedby". Point it at your own copy of the
+	// documentation, if clients cannot reach GitHub. Middleware only.
+	// Defaults to DefaultProblemBaseURL (docs/semantics.md on GitHub).
+	ProblemBaseURL string
+
+	// FingerprintExclude lists JSON Pointers (RFC 6901, such as
+	// "/metadata/client_time") of members or array elements of a JSON body
+	// that the fingerprint leaves out: a retry that differs only in them
+	// replays instead of getting 422. Use it for fields clients regenerate
+	// on every attempt (timestamps, trace IDs, nonces). What it risks: two
+	// requests that differ only in an excluded field share a fingerprint,
+	// so the second replays the first's response and its own value is
+	// never acted on; exclude nothing the operation reads. Pointers to
+	// absent members are ignored. Bodies that are not JSON are
+	// fingerprinted whole. Cannot be combined with FingerprintInclude; a
+	// FingerprintFunc that returns a payload takes precedence. Middleware
+	// only. Defaults to none.
+	FingerprintExclude []string
+
+	// FingerprintInclude, if set, fingerprints only the members of a JSON
+	// body at these JSON Pointers (with the method, operation and target,
+	// as always): a retry may differ in anything else. What it risks is
+	// larger than FingerprintExclude's: a field the operation reads but the
+	// list forgets makes different requests look like retries of each
+	// other. An absent member and a null one are told apart. Middleware
+	// only. Defaults to the whole body.
+	FingerprintInclude []string
 
 	// ErrorFunc writes every error response idem produces. The idempotency
 	// headers are already set on w. Middleware only. Defaults to
@@ -312,6 +344,12 @@ func (c *Config) resolve() (Config, error) {
 	}
 	if r.ReplayDenyHeaders == nil {
 		r.ReplayDenyHeaders = []string{"Set-Cookie", "Set-Cookie2"}
+	}
+	if r.ProblemBaseURL == "" {
+		r.ProblemBaseURL = DefaultProblemBaseURL
+	}
+	if _, err := newFieldSelection(r.FingerprintInclude, r.FingerprintExclude); err != nil {
+		return r, err
 	}
 	if r.ErrorFunc == nil {
 		r.ErrorFunc = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }

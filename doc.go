@@ -71,7 +71,15 @@
 // semantics without net/http: Executor.Do runs an Operation at most once
 // per (scope, key) and returns its Result, or the stored one. Build the
 // scope with Scope and the fingerprint with Fingerprint, as the middleware
-// does.
+// does. Module idemgrpc builds unary gRPC interceptors on it.
+//
+// # Integrations
+//
+// Adapters are modules of their own, so that importing idem downloads no
+// framework: idemgin and idemecho (middleware for gin and echo), idemgrpc
+// (gRPC interceptors) and idemotel (OpenTelemetry metrics and spans
+// through Config.Observer; an Observer that also implements PhaseObserver
+// is called around each phase of a request).
 //
 // # Stores
 //
@@ -101,11 +109,14 @@
 // sentinel errors ErrLeaseLost, ErrResponseTooLarge and ErrStoreFull.
 // Optional capabilities are separate interfaces the core finds by type
 // assertion: TxStore (with StoreTx, and TxRenewer for stores that
-// serialise writers) for transactional completion, and Watcher for wait
-// mode. Response's MarshalBinary and UnmarshalBinary give stores a compact
+// serialise writers) for transactional completion, Watcher for wait
+// mode, and Inspector (Get, List, Delete with ErrNotFound; inspect.go) for
+// the operator commands idem inspect, idem ls and idem delete. Response's
+// MarshalBinary and UnmarshalBinary give stores a compact
 // encoding of a stored response. storetest.Run checks an implementation
-// against the whole contract. store.go holds all of it; an application that
-// only uses idem never needs these names.
+// against the whole contract. store.go holds all of it (inspect.go the
+// operator capability); an application that only uses idem never needs
+// these names.
 //
 // Stability: the store API changes only in a minor release, never in a
 // patch release, and every change is listed in CHANGELOG.md with what a

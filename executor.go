@@ -48,6 +48,7 @@ type Executor struct {
 	store   Store
 	txStore TxStore
 	watcher Watcher
+	phases  PhaseObserver // Config.Observer, if it traces phases
 	cfg     Config
 
 	// Owner tokens are a random prefix, drawn once per Executor, and a
@@ -75,6 +76,7 @@ func NewExecutor(store Store, cfg *Config) (*Executor, error) {
 	}
 	e := &Executor{store: store, cfg: rc, tokenPrefix: crand.Text() + "-"}
 	e.txStore, _ = store.(TxStore)
+	e.phases, _ = rc.Observer.(PhaseObserver)
 	e.watcher, _ = store.(Watcher)
 	return e, nil
 }
@@ -169,7 +171,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 	}()
 	for {
 		cp.Now = e.cfg.NowFunc()
-		cr, err := e.claim(ctx, cp)
+		cr, err := e.claim(ctx, &p, cp)
 		if err != nil {
 			return res, e.storeFailure(ctx, p, start, "claim", err)
 		}
@@ -231,17 +233,22 @@ func (e *Executor) replay(ctx context.Context, p DoParams, resp *Response, res *
 		e.emit(ctx, Event{Kind: EventUnavailable, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
 		return ErrResponseUnavailable
 	}
+	_, end := e.phase(ctx, PhaseReplay, &p)
 	res.Response, res.Replayed = resp, true
+	end(nil)
 	e.emit(ctx, Event{Kind: EventReplayed, Operation: p.Operation, Status: resp.StatusCode, Waited: res.Waited}, start)
 	return nil
 }
 
 // claim calls Store.Claim within StoreTimeout: a store that stops answering
 // must not hold the request for as long as the client waits.
-func (e *Executor) claim(ctx context.Context, cp ClaimParams) (ClaimResult, error) {
+func (e *Executor) claim(ctx context.Context, p *DoParams, cp ClaimParams) (ClaimResult, error) {
+	ctx, end := e.phase(ctx, PhaseClaim, p)
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
 	defer cancel()
-	return e.store.Claim(ctx, cp)
+	cr, err := e.store.Claim(ctx, cp)
+	end(err)
+	return cr, err
 }
 
 func (e *Executor) storeFailure(ctx context.Context, p DoParams, start time.Time, op string, err error) error {
@@ -307,13 +314,16 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	// If op panics, the deferred function records the outcome (the key is
 	// released) and the panic then continues from op's own frame.
 	returned := false
+	opCtx, end := e.phase(opCtx, PhaseExecute, &x.p)
 	defer func() {
 		if !returned {
+			end(errPanicked)
 			e.record(detached, x, nil, errPanicked)
 		}
 	}()
 	resp, opErr := op(context.WithValue(opCtx, execKey{}, x))
 	returned = true
+	end(opErr)
 	if err := e.record(detached, x, resp, opErr); err != nil {
 		return res, err
 	}
@@ -360,7 +370,9 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 
 	cp := CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
 	if tx != nil {
-		err := e.completeTx(ctx, tx, cp, x.p)
+		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
+		err := e.completeTx(pctx, tx, cp, x.p)
+		end(err)
 		if errors.Is(err, ErrLeaseLost) {
 			e.rollback(ctx, tx)
 			return e.leaseLost(ctx, x, err)
@@ -371,9 +383,11 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 			return e.storeFailure(ctx, x.p, x.start, "complete", err)
 		}
 	} else {
-		sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
+		sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
 		err := e.completeWith(sctx, e.store.Complete, cp, x.p)
 		cancel()
+		end(err)
 		if errors.Is(err, ErrLeaseLost) {
 			return e.leaseLost(ctx, x, err)
 		}
@@ -413,11 +427,13 @@ func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error 
 	if tx != nil {
 		e.rollback(ctx, tx)
 	}
-	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	pctx, end := e.phase(ctx, PhaseRelease, &x.p)
+	sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
 	defer cancel()
 	p := x.ids
 	p.Now = e.cfg.NowFunc()
 	err := e.store.Release(sctx, p)
+	end(err)
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: release failed; the key stays blocked until its lease expires",
 			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))

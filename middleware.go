@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -21,6 +22,8 @@ type Middleware struct {
 	cfg  *Config
 	// deny holds the canonical names of the header fields never stored.
 	deny map[string]bool
+	// fields is Config.FingerprintInclude/Exclude, parsed; nil without.
+	fields *fieldSelection
 }
 
 // NewMiddleware returns a Middleware that keeps its records in store. A nil
@@ -32,6 +35,9 @@ func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{exec: exec, cfg: &exec.cfg, deny: map[string]bool{}}
+	if m.fields, err = newFieldSelection(m.cfg.FingerprintInclude, m.cfg.FingerprintExclude); err != nil {
+		return nil, err
+	}
 	for _, h := range hopByHop {
 		m.deny[h] = true
 	}
@@ -87,7 +93,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	p, problem := m.prepare(w, r)
 	if problem != nil {
 		m.exec.emit(r.Context(), Event{Kind: EventRejected, Operation: p.Operation, Status: problem.Status, Code: problem.Code}, start)
-		m.cfg.ErrorFunc(w, r, problem)
+		m.writeProblem(w, r, problem)
 		return
 	}
 	// rec is set when the handler runs.
@@ -181,8 +187,18 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, next http.Ha
 		if p == nil {
 			p = newProblem(http.StatusInternalServerError, "idempotency.internal_error", "Internal error", "")
 		}
-		m.cfg.ErrorFunc(w, r, p)
+		m.writeProblem(w, r, p)
 	}
+}
+
+// writeProblem writes one of idem's error responses with ErrorFunc. A problem
+// with one of idem's codes and no Type of its own gets the type URI of its
+// code under Config.ProblemBaseURL.
+func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
+	if p.Type == "" && strings.HasPrefix(p.Code, "idempotency.") {
+		p.Type = m.cfg.ProblemBaseURL + p.Code
+	}
+	m.cfg.ErrorFunc(w, r, p)
 }
 
 // problemFor returns the problem that answers an error of Executor.Do, or
@@ -300,6 +316,20 @@ func (m *Middleware) fingerprint(r *http.Request, op string, body []byte) (strin
 		}
 		if payload != nil {
 			in.Body, in.Payload = payload, true
+		}
+	}
+	if m.fields != nil && !in.Payload && len(body) > 0 {
+		if _, isJSON := normaliseMediaType(in.ContentType); isJSON {
+			// The canonicaliser checks the body first: it is stricter
+			// than encoding/json, which selects the fields.
+			if _, err := AppendCanonicalJSON(nil, body); err != nil {
+				return "", nil, err
+			}
+			selected, err := m.fields.apply(body)
+			if err != nil {
+				return "", nil, err
+			}
+			in.Body = selected
 		}
 	}
 	fp, err := Fingerprint(in)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // Problem codes: the stable "code" member of every problem+json body idem
@@ -26,9 +27,14 @@ const (
 	CodeRecordUnreadable    = "idempotency.record_unreadable"    // 503 + Retry-After
 )
 
-// problemTypeBase prefixes the code to form a problem's "type" URI. Each
-// code is documented under its own heading in docs/semantics.md.
-const problemTypeBase = "https://github.com/idemhq/idem/blob/main/docs/semantics.md#"
+// DefaultProblemBaseURL is the default of Config.ProblemBaseURL: the table
+// of problem codes in docs/semantics.md, where each code has an anchor of
+// its own name.
+const DefaultProblemBaseURL = "https://github.com/idemhq/idem/blob/main/docs/semantics.md#"
+
+// problemTypeBase prefixes the code to form the "type" URI of a problem
+// that has none.
+const problemTypeBase = DefaultProblemBaseURL
 
 // Problem is an RFC 9457 problem detail. It is also an error, so that
 // application hooks (FingerprintFunc, TenantFunc) can return a complete
@@ -110,7 +116,10 @@ func (p *Problem) MarshalJSON() ([]byte, error) {
 }
 
 // WriteProblem writes p as application/problem+json with its status (and
-// Retry-After, if set). Headers already set on w are kept.
+// Retry-After, if set). When p's type is an http or https URI, a Link
+// field points to it with rel="describedby" (RFC 8288), as the
+// Idempotency-Key draft recommends, so that clients that never parse the
+// body still find the documentation. Headers already set on w are kept.
 func WriteProblem(w http.ResponseWriter, p *Problem) {
 	body, err := p.MarshalJSON()
 	if err != nil {
@@ -125,6 +134,15 @@ func WriteProblem(w http.ResponseWriter, p *Problem) {
 	h.Del("Content-Encoding")
 	if p.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
+	}
+	typ := p.Type
+	if typ == "" && p.Code != "" {
+		typ = problemTypeBase + p.Code
+	}
+	if strings.HasPrefix(typ, "https://") || strings.HasPrefix(typ, "http://") {
+		if !strings.ContainsAny(typ, "<>\r\n") {
+			h.Add("Link", "<"+typ+">; rel=\"describedby\"")
+		}
 	}
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(append(body, '\n'))

@@ -14,5 +14,6 @@ func TestConformance(t *testing.T) {
 		NewStore:     func(t *testing.T) idem.Store { return newStore(t, c, nil) },
 		ServerClock:  true,
 		SelfExpiring: true,
+		HashedKeys:   true,
 	})
 }

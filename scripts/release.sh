@@ -43,7 +43,7 @@ done < <(go list -m -f '{{.Path}} {{.Dir}}')
 # root, "" for the root) is one nobody imports: it gets no tag.
 unpublished() {
 	case "$1" in
-	/bench | /bench/* | /internal/* | */internal/*) return 0 ;;
+	/bench | /bench/* | /examples | /internal/* | */internal/*) return 0 ;;
 	esac
 	return 1
 }

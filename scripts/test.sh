@@ -46,6 +46,8 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem FuzzResponseDecoding
 		github.com/idemhq/idem FuzzParseKeyring
 		github.com/idemhq/idem FuzzEnvelopeOpen
+		github.com/idemhq/idem FuzzParseJSONPointer
+		github.com/idemhq/idem FuzzFingerprintFields
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzParseFile
 		github.com/idemhq/idem/idemclient FuzzRetryAfter
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidate

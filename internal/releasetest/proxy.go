@@ -28,11 +28,11 @@ type Module struct {
 }
 
 // Published reports whether the module is released with a tag: every
-// module of the workspace except those nobody imports, bench and the ones
-// under internal/ (as scripts/release.sh decides).
+// module of the workspace except those nobody imports, bench, examples and
+// the ones under internal/ (as scripts/release.sh decides).
 func (m Module) Published() bool {
 	r := filepath.ToSlash(m.Rel)
-	return r != "bench" && !strings.HasPrefix(r, "bench/") && !strings.HasPrefix(r, "internal/") &&
+	return r != "bench" && r != "examples" && !strings.HasPrefix(r, "bench/") && !strings.HasPrefix(r, "internal/") &&
 		!strings.Contains(r, "/internal/")
 }
 

@@ -31,6 +31,9 @@ func commands() []command {
 		{"proxy", "run a reverse proxy that makes any HTTP API retry-safe", runProxy},
 		{"check", "grade an HTTP endpoint against the Idempotency-Key contract", runCheck},
 		{"cleanup", "delete expired idempotency records in batches", runCleanup},
+		{"inspect", "show the idempotency record of a key", runInspect},
+		{"ls", "list idempotency records", runLs},
+		{"delete", "delete the idempotency record of a key", runDelete},
 		{"consume", "book payment events into a ledger exactly once (inbox demo)", runConsume},
 		{"version", "print the version", runVersion},
 	}
@@ -107,17 +110,19 @@ type serverFlags struct {
 	wait, cleanup   *time.Duration
 	shutdown        *time.Duration
 	storeTimeout    *time.Duration
+	problemBaseURL  *string
 }
 
 func (f *flags) serverFlags() serverFlags {
 	return serverFlags{
-		addr:         f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)"),
-		wait:         f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once"),
-		logFormat:    f.String("log-format", "text", "log format: text or json"),
-		accessLog:    f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
-		cleanup:      f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
-		storeTimeout: f.Duration("store-timeout", idem.DefaultStoreTimeout, "bound on each call to the records store (the claim included): a store\nthat does not answer within it gets 503 idempotency.store_unavailable\nwith Retry-After"),
-		shutdown:     f.Duration("shutdown-timeout", defaultShutdownTimeout, "on SIGTERM or SIGINT, how long in-flight requests may finish; then\nthe process exits anyway (status 1), whatever its store is doing"),
+		addr:           f.String("addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free port)"),
+		wait:           f.Duration("wait", 0, "let a duplicate of a running request wait up to this long for its\nresponse instead of answering 409 at once"),
+		logFormat:      f.String("log-format", "text", "log format: text or json"),
+		accessLog:      f.Bool("access-log", true, "log one line per request (key redacted); --access-log=false for\nload tests"),
+		cleanup:        f.Duration("cleanup-interval", time.Minute, "how often expired records are deleted (0 disables)"),
+		storeTimeout:   f.Duration("store-timeout", idem.DefaultStoreTimeout, "bound on each call to the records store (the claim included): a store\nthat does not answer within it gets 503 idempotency.store_unavailable\nwith Retry-After"),
+		shutdown:       f.Duration("shutdown-timeout", defaultShutdownTimeout, "on SIGTERM or SIGINT, how long in-flight requests may finish; then\nthe process exits anyway (status 1), whatever its store is doing"),
+		problemBaseURL: f.String("problem-base-url", "", "base of the type URL (and Link rel=describedby) of idem's problem\nresponses; the code is appended (default: docs/semantics.md on GitHub)"),
 	}
 }
 
@@ -148,8 +153,11 @@ func newFlags(name, about string, stdout, stderr io.Writer) *flags {
 }
 
 func argsHint(name string) string {
-	if name == "check" {
+	switch name {
+	case "check":
 		return " URL"
+	case "inspect", "delete":
+		return " KEY"
 	}
 	return ""
 }

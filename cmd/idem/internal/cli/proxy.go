@@ -126,7 +126,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer closeStore(store, logger)
 
 	m := metrics.New()
-	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger, StoreTimeout: *sf.storeTimeout, Encryption: enc}
+	tel, err := startTelemetry(ctx, "idem-proxy", string(store.Kind), logger)
+	if err != nil {
+		logger.Error("cannot set up OpenTelemetry export", "error", err)
+		return exitError
+	}
+	defer tel.close(logger)
+	cfg := &proxy.Config{Upstream: upstream, Store: store.Records, Defaults: base, Metrics: m, Logger: logger, StoreTimeout: *sf.storeTimeout,
+		Observer: tel.observer(nil), ProblemBaseURL: *sf.problemBaseURL, Encryption: enc}
 	if file != nil {
 		cfg.Routes = file.ProxyRoutes()
 	}
@@ -204,7 +211,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, handler), logger, px.MaxHandlerTime(), *sf.shutdown)
+	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime(), *sf.shutdown)
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {

@@ -127,6 +127,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		mwStore = withoutTx(mwStore)
 	}
 	m := metrics.New()
+	tel, err := startTelemetry(ctx, "idem-serve", string(records.Kind), logger)
+	if err != nil {
+		logger.Error("cannot set up OpenTelemetry export", "error", err)
+		return exitError
+	}
+	defer tel.close(logger)
 	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
 		Lease:        *lease,
 		TTL:          *ttl,
@@ -134,10 +140,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		// Set-Cookie2 is Set-Cookie's obsolete twin: neither is replayed.
 		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
 		Wait:              *sf.wait,
+		ProblemBaseURL:    *sf.problemBaseURL,
 		TenantFunc:        payments.Tenant,
 		FingerprintFunc:   payments.Fingerprint,
 		MaxRequestBody:    payments.MaxBody,
-		Observer:          m,
+		Observer:          tel.observer(m),
 		Logger:            logger,
 		Encryption:        enc,
 	})
@@ -179,7 +186,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer stopCleanup()
 	go cleanupLoop(cctx, records.Records, *sf.cleanup, logger)
 
-	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, mux), logger, *opDelay, *sf.shutdown); err != nil {
+	if err := serveHTTP(ctx, ln, accessLog(logger, *sf.accessLog, tel.handler(mux, "idem serve")), logger, *opDelay, *sf.shutdown); err != nil {
 		logger.Error("server stopped", "error", err)
 		return exitError
 	}

@@ -275,7 +275,7 @@ func patternError(err error, lines map[string]int) string {
 }
 
 // fieldNames are the fields a route may set, for error messages.
-const fieldNames = "key, methods, lease, ttl, wait, upstream_timeout, scope_header, max_request_body, max_response_body, store_statuses, release_statuses"
+const fieldNames = "key, methods, lease, ttl, wait, upstream_timeout, scope_header, max_request_body, max_response_body, store_statuses, release_statuses, fingerprint_exclude, fingerprint_include"
 
 // route parses one route's settings on top of the base settings.
 func (p *fileParser) route(pattern string, kn, v *yaml.Node) (Settings, bool) {
@@ -334,6 +334,16 @@ func (p *fileParser) route(pattern string, kn, v *yaml.Node) (Settings, bool) {
 			store = p.list(fv, key)
 		case "release_statuses":
 			release = p.list(fv, key)
+		case "fingerprint_exclude", "fingerprint_include":
+			var ptrs []string
+			for _, item := range p.list(fv, key) {
+				ptrs = append(ptrs, item.Value)
+			}
+			if key == "fingerprint_exclude" {
+				s.FingerprintExclude = ptrs
+			} else {
+				s.FingerprintInclude = ptrs
+			}
 		default:
 			p.errorf(fk, "unknown field %q (a route has %s)", key, fieldNames)
 		}

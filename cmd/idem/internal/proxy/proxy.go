@@ -105,6 +105,15 @@ type Config struct {
 	// Defaults to none.
 	Metrics *metrics.Metrics
 
+	// ProblemBaseURL is idem.Config.ProblemBaseURL for every route: the
+	// base of the type URL of the proxy's own problems. Defaults to the
+	// core's.
+	ProblemBaseURL string
+
+	// Observer, if set, is told about every outcome too (idem serve and
+	// idem proxy pass the OpenTelemetry observer here). Defaults to none.
+	Observer idem.Observer
+
 	// Logger receives the upstream failures and the core's warnings.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
@@ -240,8 +249,13 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		return nil, err
 	}
 	var observer idem.Observer
-	if cfg.Metrics != nil {
+	switch {
+	case cfg.Metrics != nil && cfg.Observer != nil:
+		observer = bothObservers{cfg.Metrics, cfg.Observer}
+	case cfg.Metrics != nil:
 		observer = cfg.Metrics
+	case cfg.Observer != nil:
+		observer = cfg.Observer
 	}
 	mw, err := idem.NewMiddleware(cfg.Store, &idem.Config{
 		Lease:           s.Lease,
@@ -260,6 +274,10 @@ func (p *Proxy) newRoute(pattern string, s Settings, cfg *Config) (*route, error
 		// A cookie set for the first client is never handed to whoever
 		// retries; Set-Cookie2 is its obsolete twin (RFC 2965).
 		ReplayDenyHeaders: []string{"Set-Cookie", "Set-Cookie2"},
+
+		ProblemBaseURL:     cfg.ProblemBaseURL,
+		FingerprintExclude: s.FingerprintExclude,
+		FingerprintInclude: s.FingerprintInclude,
 	})
 	if err != nil {
 		return nil, err
@@ -562,3 +580,22 @@ var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 
 func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
 func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
+
+// bothObservers tells two observers about each event, and hands phases to
+// the first that traces them (idem.PhaseObserver).
+type bothObservers [2]idem.Observer
+
+func (b bothObservers) Observe(ctx context.Context, e idem.Event) {
+	b[0].Observe(ctx, e)
+	b[1].Observe(ctx, e)
+}
+
+// StartPhase implements idem.PhaseObserver.
+func (b bothObservers) StartPhase(ctx context.Context, ph idem.Phase, info idem.PhaseInfo) (context.Context, func(error)) {
+	for _, o := range b {
+		if po, ok := o.(idem.PhaseObserver); ok {
+			return po.StartPhase(ctx, ph, info)
+		}
+	}
+	return ctx, func(error) {}
+}

@@ -83,6 +83,13 @@ type Settings struct {
 	// Outcome decides which upstream statuses are stored and which
 	// release the key. Nil means OutcomePolicy's defaults.
 	Outcome *OutcomePolicy
+
+	// FingerprintExclude and FingerprintInclude are JSON Pointers of
+	// fields of a JSON request body that the fingerprint leaves out, or
+	// the only ones it covers (idem.Config.FingerprintExclude and
+	// FingerprintInclude, with their risks). At most one of them; both
+	// empty means the whole body.
+	FingerprintExclude, FingerprintInclude []string
 }
 
 // DefaultSettings returns the settings of the flags' defaults: POST and
@@ -166,6 +173,21 @@ func (s Settings) check() []fieldError {
 	}
 	if s.MaxResponseBody <= 0 || s.MaxResponseBody > int64(^uint(0)>>1) {
 		add("max_response_body", "max_response_body must be positive and fit in an int")
+	}
+	if len(s.FingerprintExclude) > 0 && len(s.FingerprintInclude) > 0 {
+		add("fingerprint_include", "set fingerprint_include or fingerprint_exclude, not both")
+	}
+	for _, list := range []struct {
+		field    string
+		pointers []string
+	}{{"fingerprint_exclude", s.FingerprintExclude}, {"fingerprint_include", s.FingerprintInclude}} {
+		for _, ptr := range list.pointers {
+			if tokens, err := idem.ParseJSONPointer(ptr); err != nil {
+				add(list.field, "%q is not a JSON Pointer (such as \"/order/client_time\")", ptr)
+			} else if len(tokens) == 0 && list.field == "fingerprint_exclude" {
+				add(list.field, "the empty pointer would exclude the whole body")
+			}
+		}
 	}
 	return errs
 }

@@ -1,0 +1,181 @@
+package storetest
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/idemhq/idem"
+)
+
+// testInspect checks the optional idem.Inspector capability.
+func testInspect(t *testing.T, h Harness) {
+	inspector := func(t *testing.T) (*bundle, idem.Inspector) {
+		b := setup(t, h)
+		in, ok := b.store.(idem.Inspector)
+		if !ok {
+			t.Skip("the store does not implement idem.Inspector")
+		}
+		return b, in
+	}
+	get := func(b *bundle, in idem.Inspector, p idem.ClaimParams) (idem.RecordInfo, error) {
+		return in.Get(b.ctx, idem.GetParams{Scope: p.Scope, Key: p.Key, Now: b.clock.Now()})
+	}
+
+	t.Run("GetInFlightAndCompleted", func(t *testing.T) {
+		b, in := inspector(t)
+		p := b.acquire(fpA)
+		ri, err := get(b, in, p)
+		if err != nil {
+			t.Fatalf("Get in flight: %v", err)
+		}
+		if ri.State != idem.StateInFlight || ri.Fingerprint != fpA || ri.Response != nil || ri.ResponseSize != 0 {
+			t.Errorf("Get in flight = %+v", ri)
+		}
+		if ri.Scope != p.Scope || ri.Key != p.Key || ri.FingerprintVersion() != idem.FingerprintVersion {
+			t.Errorf("Get in flight: scope %q key %q version %q", ri.Scope, ri.Key, ri.FingerprintVersion())
+		}
+		b.near("LeaseExpiresAt", ri.LeaseExpiresAt, p.Now.Add(b.lease))
+		b.near("ExpiresAt", ri.ExpiresAt, p.Now.Add(b.ttl))
+
+		resp := sampleResponse()
+		if err := b.complete(p, resp); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		ri, err = get(b, in, p)
+		if err != nil {
+			t.Fatalf("Get completed: %v", err)
+		}
+		if ri.State != idem.StateCompleted || !ri.LeaseExpiresAt.IsZero() {
+			t.Errorf("Get completed: state %v, lease %v", ri.State, ri.LeaseExpiresAt)
+		}
+		if d := sameResponse(ri.Response, resp); d != "" {
+			t.Errorf("Get completed: response: %s", d)
+		}
+		if ri.ResponseSize != resp.EncodedSize() {
+			t.Errorf("ResponseSize = %d, want %d", ri.ResponseSize, resp.EncodedSize())
+		}
+	})
+
+	t.Run("GetAbsent", func(t *testing.T) {
+		b, in := inspector(t)
+		scope, key := b.names()
+		if _, err := in.Get(b.ctx, idem.GetParams{Scope: scope, Key: key, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get of an absent record: %v, want ErrNotFound", err)
+		}
+		// Another scope's record with the same key stays invisible.
+		p := b.acquire(fpA)
+		if _, err := in.Get(b.ctx, idem.GetParams{Scope: p.Scope + "x", Key: p.Key, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get in another scope: %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("GetExpired", func(t *testing.T) {
+		if h.ServerClock {
+			t.Skip("letting a retention pass on a server clock is covered by Expiry")
+		}
+		b, in := inspector(t)
+		p := b.acquire(fpA)
+		b.clock.Advance(b.ttl + b.lease)
+		if _, err := get(b, in, p); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get of an expired record: %v, want ErrNotFound", err)
+		}
+		if err := in.Delete(b.ctx, idem.DeleteParams{Scope: p.Scope, Key: p.Key, Force: true, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Delete of an expired record: %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("List", func(t *testing.T) {
+		b, in := inspector(t)
+		running := b.acquire(fpA)
+		done := b.acquire(fpB)
+		if err := b.complete(done, sampleResponse()); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		list := func(p idem.ListParams) []idem.RecordInfo {
+			t.Helper()
+			p.Now = b.clock.Now()
+			out, err := in.List(b.ctx, p)
+			if err != nil {
+				t.Fatalf("List(%+v): %v", p, err)
+			}
+			return out
+		}
+		all := list(idem.ListParams{Limit: 10})
+		if len(all) != 2 {
+			t.Fatalf("List = %d records, want 2", len(all))
+		}
+		for _, ri := range all {
+			if ri.Response != nil {
+				t.Error("List returned a response")
+			}
+			if ri.State == idem.StateCompleted && ri.ResponseSize != sampleResponse().EncodedSize() {
+				t.Errorf("List: ResponseSize = %d, want %d", ri.ResponseSize, sampleResponse().EncodedSize())
+			}
+		}
+		if got := list(idem.ListParams{Limit: 1}); len(got) != 1 {
+			t.Errorf("List with limit 1 = %d records", len(got))
+		}
+		for _, c := range []struct {
+			state idem.RecordState
+			want  idem.ClaimParams
+		}{{idem.StateInFlight, running}, {idem.StateCompleted, done}} {
+			got := list(idem.ListParams{State: c.state, Limit: 10})
+			if len(got) != 1 || got[0].State != c.state {
+				t.Fatalf("List(%v) = %+v", c.state, got)
+			}
+			if !h.HashedKeys && (got[0].Scope != c.want.Scope || got[0].Key != c.want.Key) {
+				t.Errorf("List(%v) = (%q, %q), want (%q, %q)", c.state, got[0].Scope, got[0].Key, c.want.Scope, c.want.Key)
+			}
+		}
+		if h.HashedKeys {
+			return
+		}
+		got := list(idem.ListParams{Key: done.Key, Limit: 10})
+		if len(got) != 1 || got[0].Key != done.Key {
+			t.Errorf("List(key %q) = %+v", done.Key, got)
+		}
+	})
+
+	t.Run("Delete", func(t *testing.T) {
+		b, in := inspector(t)
+		del := func(p idem.ClaimParams, force bool) error {
+			return in.Delete(b.ctx, idem.DeleteParams{Scope: p.Scope, Key: p.Key, Force: force, Now: b.clock.Now()})
+		}
+		running := b.acquire(fpA)
+		if err := del(running, false); !errors.Is(err, idem.ErrInFlight) {
+			t.Fatalf("Delete in flight without Force: %v, want ErrInFlight", err)
+		}
+		if _, err := get(b, in, running); err != nil {
+			t.Fatalf("the refused Delete removed the record: %v", err)
+		}
+		if err := del(running, true); err != nil {
+			t.Fatalf("Delete in flight with Force: %v", err)
+		}
+		if _, err := get(b, in, running); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get after Delete: %v, want ErrNotFound", err)
+		}
+		// The fencing rule holds: the old owner can no longer complete.
+		if err := b.complete(running, sampleResponse()); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Complete by the owner of a deleted record: %v, want ErrLeaseLost", err)
+		}
+
+		done := b.acquire(fpA)
+		if err := b.complete(done, sampleResponse()); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		if err := del(done, false); err != nil {
+			t.Fatalf("Delete completed: %v", err)
+		}
+		// The key is new again, for any payload.
+		q := b.other(done)
+		q.Fingerprint = fpB
+		b.mustOutcome(q, idem.ClaimAcquired)
+		if err := del(b.other(b.acquire(fpA)), false); !errors.Is(err, idem.ErrInFlight) {
+			t.Errorf("Delete of another in-flight record: %v, want ErrInFlight", err)
+		}
+		scope, key := b.names()
+		if err := in.Delete(b.ctx, idem.DeleteParams{Scope: scope, Key: key, Force: true, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Delete of an absent record: %v, want ErrNotFound", err)
+		}
+	})
+}
