@@ -10,6 +10,7 @@ require (
 	github.com/idemhq/idem/idemgrpc v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0
 	github.com/labstack/echo/v4 v4.16.0
+	go.uber.org/goleak v1.3.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )

@@ -8,6 +8,7 @@ require (
 	github.com/idemhq/idem/sqliteoutbox v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0
 	github.com/nats-io/nats.go v1.55.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -7,6 +7,7 @@ require (
 	github.com/idemhq/idem/outbox v0.2.0
 	github.com/idemhq/idem/pgstore v0.2.0
 	github.com/jackc/pgx/v5 v5.12.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -6,6 +6,7 @@ require (
 	github.com/idemhq/idem v0.2.0
 	github.com/idemhq/idem/outbox v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -32,7 +32,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	f := newFlags("serve", serveAbout, stdout, stderr)
 	sf := f.serverFlags()
 	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, or a postgres:// URL")
-	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
+	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\na redis+cluster://host:port,host:port URL (a Redis Cluster), another\nSQLite path or postgres:// URL; default: the --db database, in the\nsame transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
 	encKeys := f.encryptionFlag()
