@@ -149,6 +149,16 @@ type Config struct {
 	// Observer is told about every outcome. Defaults to none.
 	Observer Observer
 
+	// DeriveKeySecret keys the HMAC-SHA256 of DeriveKey, so that a derived
+	// key sent to a provider reveals nothing of the client's key, not even
+	// to someone who can guess it. Keep it secret, the same in every
+	// instance and across restarts (a new secret derives new keys, and a
+	// provider would charge a resumed operation again). At least 16 bytes.
+	// Defaults to none: DeriveKey then hashes with SHA-256 under a domain
+	// separator, which hides the key but lets anyone who guesses the
+	// client's key compute the derived one.
+	DeriveKeySecret []byte
+
 	// Logger receives warnings and errors (store failures, lost leases,
 	// take-overs). Keys appear only as RedactKey gives them: clients
 	// sometimes build keys from order or user identifiers. Defaults to
@@ -314,6 +324,9 @@ func (c *Config) resolve() (Config, error) {
 	if r.NowFunc == nil {
 		r.NowFunc = time.Now
 	}
+	if n := len(r.DeriveKeySecret); n > 0 && n < 16 {
+		return r, fmt.Errorf("idem: DeriveKeySecret has %d bytes, at least 16 are needed", n)
+	}
 	if r.Logger == nil {
 		r.Logger = slog.Default()
 	}
@@ -385,6 +398,9 @@ type RequestInfo struct {
 	// Payload is what Config.FingerprintFunc returned for this request
 	// (the validated, normalised payload), or nil. Read-only.
 	Payload []byte
+	// Fence is the execution's fencing token (see Record.Fence and
+	// FenceFromContext).
+	Fence int64
 }
 
 // validFieldName reports whether s is an HTTP field name (an RFC 9110

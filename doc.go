@@ -81,6 +81,18 @@
 // through Config.Observer; an Observer that also implements PhaseObserver
 // is called around each phase of a request).
 //
+// # Multi-step operations
+//
+// An operation that calls something it cannot roll back (a card provider)
+// is written as named steps with Step: each step runs at most once per key,
+// and its recovery point commits with the step's own writes; an attempt
+// that dies is resumed by the next one after its last committed step.
+// DeriveKey gives the key to send downstream for a step (the same on every
+// attempt, revealing nothing of the client's key), FenceFromContext a
+// fencing token that grows with every claim of the key, and
+// Executor.Reconcile completes operations nobody retried. It needs a store
+// that implements StepStore (memstore, sqlitestore, pgstore).
+//
 // # Stores
 //
 // memstore (in this module) keeps records in one process's memory, for
@@ -110,9 +122,10 @@
 // Optional capabilities are separate interfaces the core finds by type
 // assertion: TxStore (with StoreTx, and TxRenewer for stores that
 // serialise writers) for transactional completion, Watcher for wait
-// mode, and Inspector (Get, List, Delete with ErrNotFound; inspect.go) for
-// the operator commands idem inspect, idem ls and idem delete. Response's
-// MarshalBinary and UnmarshalBinary give stores a compact
+// mode, StepStore (with CheckpointTx) for the recovery points of
+// multi-step operations, and Inspector (Get, List, Delete with ErrNotFound;
+// inspect.go) for the operator commands idem inspect, idem ls and idem
+// delete. Response's MarshalBinary and UnmarshalBinary give stores a compact
 // encoding of a stored response. storetest.Run checks an implementation
 // against the whole contract. store.go holds all of it (inspect.go the
 // operator capability); an application that only uses idem never needs

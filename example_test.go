@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -89,4 +90,48 @@ func ExampleExecutor_Do() {
 	// charged replayed: false
 	// charged replayed: true
 	// charges: 1
+}
+
+// An operation in steps: the first step's write commits with its recovery
+// point; the second calls a provider with a key derived for the step and
+// the execution's fencing token. If the second step fails, the record stays
+// at the recovery point, and the next attempt with the same key resumes
+// there instead of repeating the first step.
+func ExampleStep() {
+	store, _ := memstore.New(nil)
+	exec, _ := idem.NewExecutor(store, &idem.Config{DeriveKeySecret: []byte("a per-deployment secret, 32 bytes")})
+	params := idem.DoParams{Scope: idem.Scope("tenant-1", "charge"), Key: "order-42", Fingerprint: "v1:example"}
+	providerDown := true
+	op := func(ctx context.Context) (*idem.Response, error) {
+		id, err := idem.Step(ctx, "order", func(context.Context) ([]byte, error) {
+			fmt.Println("order stored")
+			return []byte("ord_1"), nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		_, err = idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+			key, _ := idem.DeriveKey(ctx, "charge") // the provider's Idempotency-Key
+			fence, _ := idem.FenceFromContext(ctx)  // for a downstream that checks fences
+			if providerDown {
+				return nil, errors.New("provider unavailable")
+			}
+			fmt.Println("charged with a derived key:", strings.HasPrefix(key, "idem-"), "fence > 0:", fence > 0)
+			return []byte("ch_1"), nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &idem.Response{StatusCode: 201, Body: id}, nil
+	}
+	res, err := exec.Do(context.Background(), params, op)
+	fmt.Println("first attempt:", err, "suspended:", res.Suspended)
+	providerDown = false
+	res, err = exec.Do(context.Background(), params, op)
+	fmt.Println("retry:", err, res.Response.StatusCode, string(res.Response.Body))
+	// Output:
+	// order stored
+	// first attempt: provider unavailable suspended: true
+	// charged with a derived key: true fence > 0: true
+	// retry: <nil> 201 ord_1
 }

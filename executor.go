@@ -120,6 +120,10 @@ type Result struct {
 	TookOver bool
 	// Waited reports that the call waited for an in-flight attempt.
 	Waited bool
+	// Suspended reports that the operation ended without a stored outcome
+	// after saving a recovery point (see Step): the record stays in flight
+	// and the next attempt with the key resumes after that point.
+	Suspended bool
 }
 
 // Operation is the work Executor.Do runs at most once. Its context carries
@@ -144,13 +148,13 @@ type Operation func(ctx context.Context) (*Response, error)
 // completed record whose response cannot be decrypted yields
 // ErrRecordUnreadable, and op does not run.
 func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, error) {
-	return e.do(ctx, p, op, e.cfg.NowFunc())
+	return e.do(ctx, p, op, e.cfg.NowFunc(), &Result{})
 }
 
 // do is Do with the time the request reached idem, which events measure
-// from.
-func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time) (*Result, error) {
-	res := &Result{}
+// from, and the Result to fill (the middleware's lives in its per-request
+// state).
+func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time, res *Result) (*Result, error) {
 	// With EncryptionConfig.HashKey the stores see digests, never the
 	// client's values; p keeps them for the operation and the logs.
 	storedScope, storedKey := e.cfg.Encryption.StoredKey(p.Scope, p.Key)
@@ -276,6 +280,7 @@ type execution struct {
 	info     RequestInfo // what InfoFromContext returns
 	tx       *txHolder   // nil unless the store is a TxStore
 	rn       renewer
+	steps    stepRun // the recovery points of a multi-step operation (steps.go)
 }
 
 // execKey is the context key of the *execution an operation runs in.
@@ -302,11 +307,13 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 		ids:      ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token},
 		start:    start,
 		tookOver: cr.TookOver,
-		info:     RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload},
+		info: RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload,
+			Fence: cr.Record.Fence},
 	}
 	if e.txStore != nil {
 		x.tx = &txHolder{store: e.txStore, ctx: detached, timeout: e.cfg.StoreTimeout}
 	}
+	x.steps.init(e, cp, x.tx, cr.Record.Checkpoint)
 	opCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	e.startRenewer(&x.rn, detached, x, cp, cancel)
@@ -324,25 +331,22 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	resp, opErr := op(context.WithValue(opCtx, execKey{}, x))
 	returned = true
 	end(opErr)
-	if err := e.record(detached, x, resp, opErr); err != nil {
+	released, err := e.record(detached, x, resp, opErr)
+	res.Suspended = x.steps.suspended
+	if err != nil {
 		return res, err
 	}
-	res.Response = resp
-	res.Released = opErr == nil && e.releases(resp)
+	res.Response, res.Released = resp, released && !res.Suspended
 	return res, nil
-}
-
-// releases reports whether the outcome policy releases resp.
-func (e *Executor) releases(resp *Response) bool {
-	return resp == nil || e.cfg.OutcomeFunc(resp.StatusCode) == OutcomeRelease
 }
 
 // record ends an execution: it stops the renewals and completes the record
 // with resp, or releases it (when op failed, panicked or the outcome policy
-// says so). It returns opErr, or an error of its own when the outcome could
-// not be recorded in a way the caller must know about (lost lease, failed
-// transactional commit). ctx is not cancelled with the request.
-func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opErr error) error {
+// says so), and reports whether it released it. It returns opErr, or an
+// error of its own when the outcome could not be recorded in a way the
+// caller must know about (lost lease, failed transactional commit). ctx is
+// not cancelled with the request.
+func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opErr error) (bool, error) {
 	x.rn.stop()
 	tx := x.tx.close()
 	defer x.tx.end()
@@ -354,18 +358,23 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		if tx != nil {
 			e.rollback(ctx, tx)
 		}
-		return e.leaseLost(ctx, x, ErrLeaseLost)
+		return false, e.leaseLost(ctx, x, ErrLeaseLost)
 	}
-	if opErr != nil || e.releases(resp) {
-		if err := e.release(ctx, x, tx); errors.Is(err, ErrLeaseLost) {
-			return e.leaseLost(ctx, x, err)
+	if opErr != nil || resp == nil || e.cfg.OutcomeFunc(resp.StatusCode) == OutcomeRelease {
+		// After a recovery point the record is kept for the next attempt
+		// instead (steps.go).
+		if err := e.releaseOrSuspend(ctx, x, tx); errors.Is(err, ErrLeaseLost) {
+			return false, e.leaseLost(ctx, x, err)
 		}
 		ev := Event{Kind: EventReleased, Operation: x.p.Operation, TookOver: x.tookOver, Err: opErr}
+		if x.steps.suspended {
+			ev.Kind = EventSuspended
+		}
 		if resp != nil {
 			ev.Status = resp.StatusCode
 		}
 		e.emit(ctx, ev, x.start)
-		return opErr
+		return true, opErr
 	}
 
 	cp := CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
@@ -375,12 +384,13 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		end(err)
 		if errors.Is(err, ErrLeaseLost) {
 			e.rollback(ctx, tx)
-			return e.leaseLost(ctx, x, err)
+			return false, e.leaseLost(ctx, x, err)
 		}
 		if err != nil {
-			// Nothing was committed: free the key for a retry.
-			_ = e.release(ctx, x, tx)
-			return e.storeFailure(ctx, x.p, x.start, "complete", err)
+			// Nothing was committed: free the key for a retry (or keep it
+			// at its recovery point).
+			_ = e.releaseOrSuspend(ctx, x, tx)
+			return false, e.storeFailure(ctx, x.p, x.start, "complete", err)
 		}
 	} else {
 		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
@@ -389,7 +399,7 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		cancel()
 		end(err)
 		if errors.Is(err, ErrLeaseLost) {
-			return e.leaseLost(ctx, x, err)
+			return false, e.leaseLost(ctx, x, err)
 		}
 		if err != nil {
 			// The operation ran, so its real response goes to the client,
@@ -398,11 +408,11 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: storing the response failed; sending it unstored",
 				slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
 			e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Status: resp.StatusCode, Err: err}, x.start)
-			return nil
+			return false, nil
 		}
 	}
 	e.emit(ctx, Event{Kind: EventExecuted, Operation: x.p.Operation, Status: resp.StatusCode, TookOver: x.tookOver}, x.start)
-	return nil
+	return false, nil
 }
 
 // completeTx completes the record inside the operation's transaction and

@@ -38,6 +38,10 @@ const (
 	EventUnavailable
 	// EventRenewed: a lease was renewed while the operation ran.
 	EventRenewed
+	// EventSuspended: the operation ended without a stored outcome after
+	// a recovery point (see Step); the record stays for the next attempt
+	// to resume, instead of being released.
+	EventSuspended
 )
 
 var eventKindNames = [...]string{
@@ -51,6 +55,7 @@ var eventKindNames = [...]string{
 	EventRejected:    "rejected",
 	EventUnavailable: "unavailable",
 	EventRenewed:     "renewed",
+	EventSuspended:   "suspended",
 }
 
 func (k EventKind) String() string {

@@ -9,7 +9,7 @@ import (
 
 // This file is the store author's API: the Store interface, its parameter
 // and result types, its sentinel errors and its optional capabilities
-// (TxStore, StoreTx, TxRenewer, Watcher). An application that only uses idem
+// (TxStore, StoreTx, TxRenewer, Watcher, StepStore, CheckpointTx). An application that only uses idem
 // never needs these names. How stable they are is stated under "For store
 // authors" in the package documentation (doc.go).
 
@@ -200,6 +200,18 @@ type Record struct {
 	LeaseExpiresAt time.Time
 	// Response is the stored response of a completed record.
 	Response *Response
+	// Fence is the fencing token of the claim that acquired or took over
+	// the record (ClaimAcquired): a number greater than every fence any
+	// earlier claim of the same (scope, key) received, also across
+	// releases and expiry, so that a downstream system can refuse the
+	// writes of a stale owner (see FenceFromContext). Stores draw it from
+	// one counter per store that never goes back. Claims with other
+	// outcomes may leave it zero.
+	Fence int64
+	// Checkpoint is the record's last recovery point (see StepStore), as
+	// saved by SaveCheckpoint: nil for a new record, the saved bytes for a
+	// record taken over (ClaimAcquired with TookOver). Opaque to stores.
+	Checkpoint []byte
 }
 
 // Response is a stored HTTP response (or the result of a non-HTTP
@@ -261,4 +273,59 @@ type TxRenewer interface {
 // ends. Without a Watcher, waiters poll the store with exponential back-off.
 type Watcher interface {
 	Watch(ctx context.Context, scope, key string) (<-chan struct{}, error)
+}
+
+// StepStore is an optional Store capability: recovery points for
+// multi-step operations (see Step). A record in flight may hold a
+// checkpoint, opaque bytes the core writes; a claim that takes the record
+// over returns it in Record.Checkpoint, so the new owner resumes after the
+// last committed step. memstore, sqlitestore and pgstore implement it.
+type StepStore interface {
+	Store
+
+	// SaveCheckpoint replaces the checkpoint of the in-flight record owned
+	// by Token with Checkpoint. With EndLease it also ends the lease at
+	// Now: the record stays in flight with its checkpoint but owned by no
+	// live lease, so the next claim with the same fingerprint takes it
+	// over at once. It returns ErrLeaseLost, changing nothing, if Token
+	// does not own an in-flight record at (Scope, Key): a stale owner
+	// cannot commit a step.
+	SaveCheckpoint(ctx context.Context, p SaveCheckpointParams) error
+
+	// Stuck returns at most Limit unexpired in-flight records that hold a
+	// checkpoint and whose lease ended at or before Now: operations that
+	// stopped after a recovery point and that nobody is running. The order
+	// is the lease's end, oldest first. It changes nothing.
+	Stuck(ctx context.Context, p StuckParams) ([]StuckRecord, error)
+}
+
+// CheckpointTx is implemented by the StoreTx of a transactional StepStore:
+// SaveCheckpoint inside the transaction, so that a step's business writes
+// and its recovery point commit together (or neither).
+type CheckpointTx interface {
+	SaveCheckpoint(ctx context.Context, p SaveCheckpointParams) error
+}
+
+// SaveCheckpointParams are the arguments of StepStore.SaveCheckpoint.
+type SaveCheckpointParams struct {
+	Scope, Key, Token string
+	// Checkpoint is the new recovery point; never empty.
+	Checkpoint []byte
+	// EndLease ends the lease at Now (see StepStore.SaveCheckpoint).
+	EndLease bool
+	Now      time.Time
+}
+
+// StuckParams are the arguments of StepStore.Stuck.
+type StuckParams struct {
+	// Limit bounds the records returned; it must be positive.
+	Limit int
+	Now   time.Time
+}
+
+// StuckRecord is an in-flight record with a checkpoint and no live lease.
+type StuckRecord struct {
+	Scope, Key, Fingerprint string
+	Checkpoint              []byte
+	LeaseExpiresAt          time.Time
 }

@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && (os.Args[1] == "serve-system" || os.Args[1] == "bare-payments") {
 		os.Exit(dispatch(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	os.Exit(leaked(m.Run()))
 }
 
 // TestSmoke runs the whole harness for a fraction of a second per

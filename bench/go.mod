@@ -13,6 +13,7 @@ require (
 	github.com/idemhq/idem/sqlitestore v0.2.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
+	go.uber.org/goleak v1.3.0
 	gonum.org/v1/plot v0.17.0
 )
 

@@ -313,6 +313,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var keyField []string // set when the Transport supplies the key
 	if vs := req.Header.Values(HeaderKey); len(vs) > 0 {
 		res.Key = unquoteKey(vs[0])
+	} else if key, ok := req.Context().Value(ctxKeyKey{}).(string); ok {
+		if err := checkKey(key); err != nil {
+			closeBody(req)
+			return nil, fmt.Errorf("idemclient: WithKey: %w", err)
+		}
+		res.Key, keyField = key, []string{idem.FormatKey(key)}
 	} else {
 		key, err := t.cfg.KeyFunc(req)
 		if err == nil {
@@ -378,6 +384,32 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, &Error{Result: *res, Err: err}
 		}
 	}
+}
+
+// ctxKeyKey is the context key of WithKey's key.
+type ctxKeyKey struct{}
+
+// WithKey returns a context that makes the Transport send key with a
+// request that has no Idempotency-Key field of its own, instead of calling
+// Config.KeyFunc. Use it for a key that must survive the caller's
+// restarts: a key derived from the caller's own idempotent operation
+// (see WithDerivedKey), or one stored next to the caller's data.
+func WithKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, ctxKeyKey{}, key)
+}
+
+// WithDerivedKey is WithKey with the key idem.DeriveKey derives for step
+// from the idempotent execution ctx belongs to: a handler behind idem's
+// middleware (or an operation of idem.Executor) that calls a provider sends
+// the same key on every attempt, retry, take-over and reconciliation of the
+// same client request, so the provider runs the call once. It returns
+// idem.ErrNoExecution outside an execution.
+func WithDerivedKey(ctx context.Context, step string) (context.Context, error) {
+	key, err := idem.DeriveKey(ctx, step)
+	if err != nil {
+		return ctx, err
+	}
+	return WithKey(ctx, key), nil
 }
 
 // retryDecision says whether an attempt's outcome is worth another attempt,

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/idemhq/idem v0.2.0
 	github.com/labstack/echo/v4 v4.16.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -9,10 +9,12 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,12 +37,15 @@ type Config struct {
 const shardCount = 64
 
 // Store is an in-memory idem.Store. It also implements idem.Watcher, so
-// that wait mode wakes up as soon as a record changes. The zero value is not
-// usable; call New.
+// that wait mode wakes up as soon as a record changes, and idem.StepStore
+// (recovery points, not transactional). Fences come from one counter per
+// Store, so they grow per key for the life of the process. The zero value
+// is not usable; call New.
 type Store struct {
 	seed   maphash.Seed
 	max    int64
 	count  atomic.Int64
+	fence  atomic.Int64
 	shards [shardCount]shard
 }
 
@@ -59,6 +64,8 @@ type record struct {
 	leaseEnd    int64
 	expiresAt   int64
 	resp        *idem.Response
+	fence       int64
+	checkpoint  []byte
 	watchers    map[*watch]struct{}
 	completed   bool
 }
@@ -66,8 +73,9 @@ type record struct {
 type watch struct{ ch chan struct{} }
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.Watcher = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.Watcher   = (*Store)(nil)
+	_ idem.StepStore = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -132,7 +140,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		r = &record{fingerprint: p.Fingerprint}
 		sh.records[k] = r
 		s.count.Add(1)
-		r.own(p)
+		r.own(p, s.fence.Add(1))
 		return idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: r.view()}, nil
 	case r.fingerprint != p.Fingerprint:
 		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: r.view()}, nil
@@ -141,14 +149,14 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	case now < r.leaseEnd:
 		return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: r.view()}, nil
 	default:
-		r.own(p)
+		r.own(p, s.fence.Add(1))
 		r.notify()
 		return idem.ClaimResult{Outcome: idem.ClaimAcquired, TookOver: true, Record: r.view()}, nil
 	}
 }
 
-func (r *record) own(p idem.ClaimParams) {
-	r.token = p.Token
+func (r *record) own(p idem.ClaimParams, fence int64) {
+	r.token, r.fence = p.Token, fence
 	r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
 	r.expiresAt = p.Now.Add(p.TTL).UnixNano()
 }
@@ -159,6 +167,7 @@ func (r *record) view() idem.Record {
 		v.State, v.Response = idem.StateCompleted, r.resp
 	} else {
 		v.LeaseExpiresAt = time.Unix(0, r.leaseEnd).UTC()
+		v.Fence, v.Checkpoint = r.fence, r.checkpoint
 	}
 	return v
 }
@@ -196,7 +205,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
 		return errors.New("memstore: complete needs a response")
 	}
 	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
-		r.completed, r.resp, r.token = true, p.Response, ""
+		r.completed, r.resp, r.token, r.checkpoint = true, p.Response, "", nil
 		r.notify()
 	})
 }
@@ -206,6 +215,51 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(sh *shard, k recordKey, r *record) {
 		sh.remove(s, k, r)
 	})
+}
+
+// SaveCheckpoint implements idem.StepStore. The store keeps a copy of the
+// checkpoint.
+func (s *Store) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+	if len(p.Checkpoint) == 0 {
+		return errors.New("memstore: empty checkpoint")
+	}
+	cp := bytes.Clone(p.Checkpoint)
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
+		r.checkpoint = cp
+		if p.EndLease {
+			r.leaseEnd = p.Now.UnixNano()
+			r.notify()
+		}
+	})
+}
+
+// Stuck implements idem.StepStore. It walks every record: memstore is for
+// single instances and tests, where that is cheap enough.
+func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckRecord, error) {
+	if p.Limit <= 0 {
+		return nil, errors.New("memstore: Stuck needs a positive limit")
+	}
+	now := p.Now.UnixNano()
+	var out []idem.StuckRecord
+	for i := range s.shards {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, r := range sh.records {
+			if !r.completed && r.checkpoint != nil && r.leaseEnd <= now && now < r.expiresAt {
+				out = append(out, idem.StuckRecord{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint,
+					Checkpoint: r.checkpoint, LeaseExpiresAt: time.Unix(0, r.leaseEnd).UTC()})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b idem.StuckRecord) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
+	if len(out) > p.Limit {
+		out = out[:p.Limit]
+	}
+	return out, nil
 }
 
 // DeleteExpired implements idem.Store.

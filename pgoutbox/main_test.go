@@ -6,8 +6,9 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the package if a test leaves a goroutine behind: a
-// dispatcher, a consumer or a connection not stopped.
+// TestMain fails the package's tests if any goroutine outlives them: every
+// goroutine a test starts (dispatchers, consumers, clients' pools) must be
+// stopped by the test's own cleanup.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }

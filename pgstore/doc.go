@@ -15,6 +15,11 @@
 // transaction; writes made through it commit together with the stored
 // response (see Tx and Store.CompleteTx).
 //
+// It also implements idem.StepStore: a multi-step operation's step (see
+// idem.Step) commits its writes and its recovery point in one transaction
+// (Store.SaveCheckpointTx), fenced by the owner token, and every claim
+// carries a fencing token drawn from a sequence, so it only grows.
+//
 // # Semantics
 //
 // The Store follows the idem.Store contract. Every time decision (lease,

@@ -19,3 +19,6 @@ func NewWithoutAdvisoryLock(ctx context.Context, pool *pgxpool.Pool, cfg *Config
 	}
 	return s, nil
 }
+
+// Migrations is the number of embedded migrations: one history row each.
+const Migrations = 2

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/idemhq/idem v0.2.0
 	github.com/jackc/pgx/v5 v5.12.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -89,7 +89,7 @@ func TestMain(m *testing.M) {
 	if shared.pool != nil {
 		shared.pool.Close()
 	}
-	os.Exit(code)
+	os.Exit(leaked(code))
 }
 
 // freshSchema returns the name of a schema that no other test uses; it is

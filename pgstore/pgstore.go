@@ -99,12 +99,14 @@ type Store struct {
 	noAdvisoryLock bool
 
 	claimSQL, renewSQL, completeSQL, releaseSQL, deleteExpiredSQL string
+	saveCheckpointSQL, endLeaseSQL, stuckSQL                      string
 	asyncClaim                                                    bool
 }
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.TxStore = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.TxStore   = (*Store)(nil)
+	_ idem.StepStore = (*Store)(nil)
 )
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -170,6 +172,8 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 		"{schema}", s.schema,
 		"{table}", s.table,
 		"{expires_index}", pgx.Identifier{c.Table + "_expires_at_idx"}.Sanitize(),
+		"{stuck_index}", pgx.Identifier{c.Table + "_stuck_idx"}.Sanitize(),
+		"{fence_seq}", s.fenceSeq(),
 	)
 	ms, err := loadMigrations(r)
 	if err != nil {
@@ -227,8 +231,9 @@ func (s *Store) prepareSQL() {
 	FROM ` + t + `
 	WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()
 ), ins AS (
-	INSERT INTO ` + t + ` AS r (scope, key, fingerprint, token, lease_expires_at, expires_at, attempt)
-	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1
+	INSERT INTO ` + t + ` AS r (scope, key, fingerprint, token, lease_expires_at, expires_at, attempt, fence)
+	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1,
+	       nextval('` + s.fenceSeq() + `'::regclass)
 	WHERE NOT EXISTS (
 		SELECT 1 FROM cur
 		WHERE cur.fingerprint <> $3 OR cur.completed OR cur.lease_live)` + asyncClaim + `
@@ -238,15 +243,17 @@ func (s *Store) prepareSQL() {
 		lease_expires_at = excluded.lease_expires_at,
 		expires_at = excluded.expires_at,
 		response = NULL,
-		attempt = CASE WHEN r.expires_at <= statement_timestamp() THEN 1 ELSE r.attempt + 1 END
+		attempt = CASE WHEN r.expires_at <= statement_timestamp() THEN 1 ELSE r.attempt + 1 END,
+		fence = excluded.fence,
+		checkpoint = CASE WHEN r.expires_at <= statement_timestamp() THEN NULL ELSE r.checkpoint END
 	WHERE r.expires_at <= statement_timestamp()
 	   OR (r.token IS NOT NULL AND r.fingerprint = excluded.fingerprint
 	       AND r.lease_expires_at <= statement_timestamp())
-	RETURNING attempt, lease_expires_at, expires_at
+	RETURNING attempt, lease_expires_at, expires_at, fence, checkpoint
 )
-SELECT true, ins.attempt, $3, false, NULL::bytea, ins.lease_expires_at, true, ins.expires_at FROM ins
+SELECT true, ins.attempt, $3, false, NULL::bytea, ins.lease_expires_at, true, ins.expires_at, ins.fence, ins.checkpoint FROM ins
 UNION ALL
-SELECT false, 0, cur.fingerprint, cur.completed, cur.response, cur.lease_expires_at, cur.lease_live, cur.expires_at
+SELECT false, 0, cur.fingerprint, cur.completed, cur.response, cur.lease_expires_at, cur.lease_live, cur.expires_at, 0::bigint, NULL::bytea
 FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 	// The owner's statements match on the token, which is set only while
@@ -256,6 +263,12 @@ FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
 	s.renewSQL = `UPDATE ` + t + ` SET lease_expires_at = statement_timestamp() + $4::interval` + owned
 	s.completeSQL = `UPDATE ` + t + ` SET response = $4, token = NULL, lease_expires_at = NULL` + owned
 	s.releaseSQL = `DELETE FROM ` + t + owned
+	s.saveCheckpointSQL = `UPDATE ` + t + ` SET checkpoint = $4` + owned
+	s.endLeaseSQL = `UPDATE ` + t + ` SET checkpoint = $4, lease_expires_at = statement_timestamp()` + owned
+	s.stuckSQL = `SELECT scope, key, fingerprint, checkpoint, lease_expires_at FROM ` + t + `
+	WHERE token IS NOT NULL AND checkpoint IS NOT NULL
+	  AND lease_expires_at <= statement_timestamp() AND expires_at > statement_timestamp()
+	ORDER BY lease_expires_at LIMIT $1`
 
 	// One short transaction per batch, walking the expiry index; SKIP
 	// LOCKED leaves rows that a claim is replacing right now to that claim
@@ -320,9 +333,11 @@ func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (res idem.Cla
 		body                           []byte
 		leaseEnd                       *time.Time
 		expiresAt                      time.Time
+		fence                          int64
+		checkpoint                     []byte
 	)
 	err = s.pool.QueryRow(ctx, s.claimSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL).
-		Scan(&acquired, &attempt, &fingerprint, &completed, &body, &leaseEnd, &leaseLive, &expiresAt)
+		Scan(&acquired, &attempt, &fingerprint, &completed, &body, &leaseEnd, &leaseLive, &expiresAt, &fence, &checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return res, false, nil
 	}
@@ -338,6 +353,7 @@ func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (res idem.Cla
 	}
 	switch {
 	case acquired:
+		rec.Fence, rec.Checkpoint = fence, checkpoint
 		return idem.ClaimResult{Outcome: idem.ClaimAcquired, TookOver: attempt > 1, Record: rec}, true, nil
 	case fingerprint != p.Fingerprint:
 		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: rec}, true, nil
@@ -432,6 +448,69 @@ func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (
 		return 0, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// fenceSeq is the quoted name of the sequence fences are drawn from.
+func (s *Store) fenceSeq() string {
+	return pgx.Identifier{s.schemaName, s.tableName + "_fence_seq"}.Sanitize()
+}
+
+// SaveCheckpoint implements idem.StepStore. With p.EndLease the lease ends
+// at the database's current time; p.Now is ignored.
+func (s *Store) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+	return s.saveCheckpoint(ctx, s.pool, p)
+}
+
+// SaveCheckpointTx is SaveCheckpoint inside the caller's transaction tx on
+// the Store's database: a step's business writes and its recovery point
+// commit together. It returns idem.ErrLeaseLost when the token no longer
+// owns the record; the caller must then roll back. As with CompleteTx, call
+// it last, just before Commit: from then on tx holds the record's row lock.
+func (s *Store) SaveCheckpointTx(ctx context.Context, tx pgx.Tx, p idem.SaveCheckpointParams) error {
+	if tx == nil {
+		return errors.New("pgstore: save checkpoint in transaction: nil transaction")
+	}
+	return s.saveCheckpoint(ctx, tx, p)
+}
+
+func (s *Store) saveCheckpoint(ctx context.Context, db execer, p idem.SaveCheckpointParams) error {
+	if len(p.Checkpoint) == 0 {
+		return errors.New("pgstore: empty checkpoint")
+	}
+	q := s.saveCheckpointSQL
+	if p.EndLease {
+		q = s.endLeaseSQL
+	}
+	tag, err := db.Exec(ctx, q, p.Scope, p.Key, p.Token, p.Checkpoint)
+	if err != nil {
+		return fmt.Errorf("pgstore: save checkpoint: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// Stuck implements idem.StepStore, by the database's clock (p.Now is
+// ignored), walking a partial index of the in-flight records that hold a
+// checkpoint.
+func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckRecord, error) {
+	if p.Limit <= 0 {
+		return nil, errors.New("pgstore: Stuck needs a positive limit")
+	}
+	rows, err := s.pool.Query(ctx, s.stuckSQL, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: stuck: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (idem.StuckRecord, error) {
+		var r idem.StuckRecord
+		err := row.Scan(&r.Scope, &r.Key, &r.Fingerprint, &r.Checkpoint, &r.LeaseExpiresAt)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: stuck: %w", err)
+	}
+	return out, nil
 }
 
 // sqlState returns the SQLSTATE of a PostgreSQL error, or "".

@@ -62,6 +62,13 @@ func (t *storeTx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	return t.s.CompleteTx(ctx, t.tx, p)
 }
 
+// SaveCheckpoint implements idem.CheckpointTx.
+func (t *storeTx) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+	return t.s.SaveCheckpointTx(ctx, t.tx, p)
+}
+
+var _ idem.CheckpointTx = (*storeTx)(nil)
+
 func (t *storeTx) Commit(ctx context.Context) error {
 	if err := t.tx.Commit(ctx); err != nil {
 		return fmt.Errorf("pgstore: commit: %w", err)

@@ -15,6 +15,17 @@
 // derived from the idempotency key) if that second run must not repeat its
 // effect.
 //
+// # Fences and steps
+//
+// Claims return a fencing token (idem.Record.Fence): the Redis clock in
+// microseconds when the key is claimed, or the record's previous fence plus
+// one if that is not greater, so a key's fences grow across take-overs,
+// releases and expiry as long as the Redis clock does not go back (a
+// failover to a replica whose clock is behind could break that; a downstream
+// system that must be safe from it keeps its own counter). The store does
+// not implement idem.StepStore: recovery points need a transaction with the
+// business writes, so idem.Step returns idem.ErrStepsUnsupported on it.
+//
 // # Atomicity and time
 //
 // Every store call is one Lua script (run by EVALSHA, falling back to EVAL

@@ -20,6 +20,7 @@ func TestConformanceEncrypted(t *testing.T) {
 		NewStore:     func(t *testing.T) idem.Store { return newStore(t, c, nil) },
 		ServerClock:  true,
 		SelfExpiring: true,
+		HashedKeys:   true,
 		Encryption:   testEncryption(t),
 	})
 }

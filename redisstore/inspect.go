@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -123,8 +124,13 @@ func (s *Store) List(ctx context.Context, p idem.ListParams) ([]idem.RecordInfo,
 	var err error
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		// One node at a time, so that out needs no lock.
-		var nodes []*redis.Client
+		var (
+			mu    sync.Mutex // ForEachMaster calls fn concurrently
+			nodes []*redis.Client
+		)
 		err = cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
 			nodes = append(nodes, c)
 			return nil
 		})

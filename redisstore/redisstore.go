@@ -49,6 +49,23 @@ type Config struct {
 	// response Complete stores, with the same effect as MaxResponseBytes
 	// when exceeded. Defaults to DefaultMaxHeaderBytes (64 KiB).
 	MaxHeaderBytes int
+
+	// WaitReplicas, when positive, makes every write (Claim, Renew,
+	// Complete, Release) wait until at least this many replicas of the
+	// record's master acknowledged it (Redis WAIT), and fail with
+	// ErrNotReplicated (the middleware answers 503) when they do not
+	// within WaitTimeout. Redis replicates asynchronously: without it a
+	// failover can forget a claim or a completion the master confirmed a
+	// moment earlier, and the retry executes again (docs/operations.md
+	// measures it). It costs one more round trip and the replication delay
+	// on every write. The client must be a *redis.Client (also from
+	// redis.NewFailoverClient) or a *redis.ClusterClient. Defaults to 0:
+	// no waiting.
+	WaitReplicas int
+
+	// WaitTimeout bounds each wait for WaitReplicas. Defaults to
+	// DefaultWaitTimeout (100 ms).
+	WaitTimeout time.Duration
 }
 
 // Store is an idem.Store that keeps records in Redis (or a compatible
@@ -61,6 +78,9 @@ type Store struct {
 	prefix     string
 	maxBody    int
 	maxHeaders int
+
+	waitReplicas int
+	waitTimeout  time.Duration
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -95,7 +115,11 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	if c.MaxHeaderBytes < 0 {
 		return nil, errors.New("redisstore: MaxHeaderBytes is negative")
 	}
-	return &Store{client: client, prefix: c.Prefix, maxBody: c.MaxResponseBytes, maxHeaders: c.MaxHeaderBytes}, nil
+	if err := waitConfig(client, &c); err != nil {
+		return nil, err
+	}
+	return &Store{client: client, prefix: c.Prefix, maxBody: c.MaxResponseBytes, maxHeaders: c.MaxHeaderBytes,
+		waitReplicas: c.WaitReplicas, waitTimeout: c.WaitTimeout}, nil
 }
 
 // Key returns the name of the Redis key that holds the record for (scope,
@@ -129,7 +153,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	if lease <= 0 || ttl <= 0 {
 		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim needs a lease and TTL of at least a millisecond, got %v and %v", p.Lease, p.TTL)
 	}
-	v, err := claimScript.Run(ctx, s.client, []string{s.Key(p.Scope, p.Key)}, p.Fingerprint, p.Token, lease, ttl).Slice()
+	v, err := s.run(ctx, claimScript, s.Key(p.Scope, p.Key), p.Fingerprint, p.Token, lease, ttl).Slice()
 	if err != nil {
 		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
@@ -164,6 +188,9 @@ func parseClaim(v []any) (idem.ClaimResult, error) {
 	switch outcome {
 	case claimAcquired:
 		r.Outcome = idem.ClaimAcquired
+		if len(v) > 5 {
+			r.Record.Fence, _ = v[5].(int64)
+		}
 	case claimInFlight:
 		r.Outcome = idem.ClaimInFlight
 	case claimMismatch:
@@ -241,7 +268,7 @@ func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scop
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}
-	n, err := script.Run(ctx, s.client, []string{s.Key(scope, key)}, args...).Int64()
+	n, err := s.run(ctx, script, s.Key(scope, key), args...).Int64()
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}

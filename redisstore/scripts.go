@@ -13,6 +13,7 @@ import (
 //	t  the owner token            (in flight only)
 //	l  the end of the lease, ms   (in flight only)
 //	r  the encoded response       (completed only)
+//	n  the fence of the last claim: Redis clock microseconds, kept growing
 //
 // The key expires at e (PEXPIREAT), so Redis deletes the record when its
 // retention ends. Every transition is one script in lua/, which reads the

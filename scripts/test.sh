@@ -44,6 +44,7 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem FuzzParseKey
 		github.com/idemhq/idem FuzzCanonicalJSON
 		github.com/idemhq/idem FuzzResponseDecoding
+		github.com/idemhq/idem FuzzParseCheckpoint
 		github.com/idemhq/idem FuzzParseKeyring
 		github.com/idemhq/idem FuzzEnvelopeOpen
 		github.com/idemhq/idem FuzzParseJSONPointer

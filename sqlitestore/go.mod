@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idemhq/idem v0.2.0
+	go.uber.org/goleak v1.3.0
 	modernc.org/sqlite v1.62.0
 )
 
@@ -19,4 +20,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-

@@ -24,7 +24,7 @@ import (
 func TestMain(m *testing.M) {
 	switch os.Getenv("IDEM_SQLITE_CHILD") {
 	case "":
-		os.Exit(m.Run())
+		os.Exit(leaked(m.Run()))
 	case "claim":
 		childClaim()
 	case "crash":

@@ -29,6 +29,11 @@
 // the busy timeout. Lease renewal does not starve: while the transaction is
 // open the core renews through it.
 //
+// It also implements idem.StepStore: a multi-step operation's step (see
+// idem.Step) commits its writes and its recovery point in one transaction,
+// fenced by the owner token, and claims carry a fencing token drawn from a
+// one-row counter that only grows.
+//
 // Records expire at their retention time and then behave as absent;
 // DeleteExpired removes them in bounded batches when the application (or
 // `idem cleanup`) calls it. The store starts no goroutines.
@@ -96,6 +101,9 @@ var (
 	_ idem.TxStore   = (*Store)(nil)
 	_ idem.StoreTx   = (*storeTx)(nil)
 	_ idem.TxRenewer = (*storeTx)(nil)
+
+	_ idem.StepStore    = (*Store)(nil)
+	_ idem.CheckpointTx = (*storeTx)(nil)
 )
 
 //go:embed migrations/*.sql
@@ -276,15 +284,18 @@ const (
 // connection, and the writer has only one.
 type statements struct {
 	get, getRead, claim, takeOver, renew, complete, release, deleteExpired *sql.Stmt
+	nextFence, saveCheckpoint, endLease, stuck                             *sql.Stmt
 }
 
 func (st *statements) all() []*sql.Stmt {
-	return []*sql.Stmt{st.get, st.getRead, st.claim, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired}
+	return []*sql.Stmt{st.get, st.getRead, st.claim, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired,
+		st.nextFence, st.saveCheckpoint, st.endLease, st.stuck}
 }
 
 // sqlTexts are the statements of a Store, for its table.
 type sqlTexts struct {
 	get, claim, takeOver, renew, complete, release, deleteExpired string
+	nextFence, saveCheckpoint, endLease, stuck                    string
 }
 
 func newSQLTexts(t string) sqlTexts {
@@ -292,13 +303,25 @@ func newSQLTexts(t string) sqlTexts {
 		get: `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`,
 		// Inserts a new record, or replaces one that has expired; changes
 		// nothing if a live record is there.
-		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response)
-			VALUES (?, ?, ?, 1, ?, ?, ?, NULL)
+		// The fence is the counter that nextFence advanced in the same
+		// transaction.
+		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response, fence, checkpoint)
+			VALUES (?, ?, ?, 1, ?, ?, ?, NULL, (SELECT n FROM ` + t + `_fence WHERE id = 1), NULL)
 			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
-				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL
+				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL,
+				fence = excluded.fence, checkpoint = NULL
 			WHERE ` + t + `.expires_at <= ?`,
-		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?
-			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?`,
+		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?, fence = (SELECT n FROM ` + t + `_fence WHERE id = 1)
+			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?
+			RETURNING checkpoint`,
+		nextFence: `UPDATE ` + t + `_fence SET n = n + 1 WHERE id = 1 RETURNING n`,
+		saveCheckpoint: `UPDATE ` + t + ` SET checkpoint = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		endLease: `UPDATE ` + t + ` SET checkpoint = ?, lease_until = ?
+			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		stuck: `SELECT scope, key, fingerprint, checkpoint, lease_until FROM ` + t + `
+			WHERE state = 1 AND checkpoint IS NOT NULL AND lease_until <= ? AND expires_at > ?
+			ORDER BY lease_until LIMIT ?`,
 		renew: `UPDATE ` + t + ` SET lease_until = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
 		complete: `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
@@ -321,6 +344,10 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.st.complete, s.sql.complete},
 		{&s.st.release, s.sql.release},
 		{&s.st.deleteExpired, s.sql.deleteExpired},
+		{&s.st.nextFence, s.sql.nextFence},
+		{&s.st.saveCheckpoint, s.sql.saveCheckpoint},
+		{&s.st.endLease, s.sql.endLease},
+		{&s.st.stuck, s.sql.stuck},
 	}
 	for _, w := range writes {
 		st, err := s.writer.PrepareContext(ctx, w.text)
@@ -455,6 +482,9 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64) 
 	res := idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{
 		State: idem.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
 	}}
+	if err := tx.StmtContext(ctx, s.st.nextFence).QueryRowContext(ctx).Scan(&res.Record.Fence); err != nil {
+		return idem.ClaimResult{}, fmt.Errorf("fence: %w", err)
+	}
 	n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
 	if err != nil {
 		return idem.ClaimResult{}, err
@@ -468,12 +498,13 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64) 
 			return res, err
 		}
 		// An in-flight record with the same fingerprint whose lease ended.
-		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.takeOver), p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now)
+		err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now).
+			Scan(&res.Record.Checkpoint)
+		if errors.Is(err, sql.ErrNoRows) {
+			return idem.ClaimResult{}, errors.New("take-over changed no row under the write lock")
+		}
 		if err != nil {
 			return idem.ClaimResult{}, err
-		}
-		if n != 1 {
-			return idem.ClaimResult{}, errors.New("take-over changed no row under the write lock")
 		}
 		res.TookOver = true
 	}
@@ -560,6 +591,58 @@ func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (
 	return int(n), nil
 }
 
+// SaveCheckpoint implements idem.StepStore.
+func (s *Store) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+	return s.saveCheckpoint(ctx, nil, p)
+}
+
+// SaveCheckpointTx is SaveCheckpoint inside the caller's transaction on
+// DB(): a step's business writes and its recovery point commit together.
+// It returns idem.ErrLeaseLost when the token no longer owns the record;
+// the caller must then roll back.
+func (s *Store) SaveCheckpointTx(ctx context.Context, tx *sql.Tx, p idem.SaveCheckpointParams) error {
+	return s.saveCheckpoint(ctx, tx, p)
+}
+
+func (s *Store) saveCheckpoint(ctx context.Context, tx *sql.Tx, p idem.SaveCheckpointParams) error {
+	if len(p.Checkpoint) == 0 {
+		return errors.New("sqlitestore: empty checkpoint")
+	}
+	now := p.Now.UnixNano()
+	if p.EndLease {
+		return fenced(ctx, in(ctx, tx, s.st.endLease), "save checkpoint", p.Checkpoint, now, p.Scope, p.Key, p.Token, now)
+	}
+	return fenced(ctx, in(ctx, tx, s.st.saveCheckpoint), "save checkpoint", p.Checkpoint, p.Scope, p.Key, p.Token, now)
+}
+
+// Stuck implements idem.StepStore, walking a partial index of the
+// in-flight records that hold a checkpoint.
+func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckRecord, error) {
+	if p.Limit <= 0 {
+		return nil, errors.New("sqlitestore: Stuck needs a positive limit")
+	}
+	now := p.Now.UnixNano()
+	rows, err := s.st.stuck.QueryContext(ctx, now, now, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: stuck: %w", err)
+	}
+	defer rows.Close()
+	var out []idem.StuckRecord
+	for rows.Next() {
+		var r idem.StuckRecord
+		var lease int64
+		if err := rows.Scan(&r.Scope, &r.Key, &r.Fingerprint, &r.Checkpoint, &lease); err != nil {
+			return nil, fmt.Errorf("sqlitestore: stuck: %w", err)
+		}
+		r.LeaseExpiresAt = nanos(lease)
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqlitestore: stuck: %w", err)
+	}
+	return out, nil
+}
+
 // BeginTx implements idem.TxStore: an immediate transaction on the writer.
 func (s *Store) BeginTx(ctx context.Context) (idem.StoreTx, error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
@@ -576,6 +659,11 @@ type storeTx struct {
 
 func (t *storeTx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	return t.s.complete(ctx, t.tx, p)
+}
+
+// SaveCheckpoint implements idem.CheckpointTx.
+func (t *storeTx) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+	return t.s.saveCheckpoint(ctx, t.tx, p)
 }
 
 // Renew renews inside the transaction: it holds the file's write lock, so

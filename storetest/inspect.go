@@ -48,11 +48,14 @@ func testInspect(t *testing.T, h Harness) {
 		if ri.State != idem.StateCompleted || !ri.LeaseExpiresAt.IsZero() {
 			t.Errorf("Get completed: state %v, lease %v", ri.State, ri.LeaseExpiresAt)
 		}
-		if d := sameResponse(ri.Response, resp); d != "" {
+		// Get shows what the store holds: with Harness.Encryption, the
+		// sealed response, which opens to the one completed.
+		opened := b.open(p, idem.ClaimResult{Record: idem.Record{Response: ri.Response}}).Record.Response
+		if d := sameResponse(opened, resp); d != "" {
 			t.Errorf("Get completed: response: %s", d)
 		}
-		if ri.ResponseSize != resp.EncodedSize() {
-			t.Errorf("ResponseSize = %d, want %d", ri.ResponseSize, resp.EncodedSize())
+		if want := b.seal(p, resp).EncodedSize(); ri.ResponseSize != want {
+			t.Errorf("ResponseSize = %d, want %d", ri.ResponseSize, want)
 		}
 	})
 
@@ -108,8 +111,8 @@ func testInspect(t *testing.T, h Harness) {
 			if ri.Response != nil {
 				t.Error("List returned a response")
 			}
-			if ri.State == idem.StateCompleted && ri.ResponseSize != sampleResponse().EncodedSize() {
-				t.Errorf("List: ResponseSize = %d, want %d", ri.ResponseSize, sampleResponse().EncodedSize())
+			if want := b.seal(done, sampleResponse()).EncodedSize(); ri.State == idem.StateCompleted && ri.ResponseSize != want {
+				t.Errorf("List: ResponseSize = %d, want %d", ri.ResponseSize, want)
 			}
 		}
 		if got := list(idem.ListParams{Limit: 1}); len(got) != 1 {

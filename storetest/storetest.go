@@ -12,8 +12,9 @@
 // isolate it from every other (a t.TempDir database, a schema or a key
 // prefix per call; never a flush of shared state). The suite checks each
 // rule of the idem.Store contract, the optional capabilities the store
-// implements (idem.TxStore, idem.Watcher), and that every sentinel error is
-// returned where the contract names it, with errors.Is.
+// implements (idem.TxStore, idem.Watcher, idem.StepStore), the fencing
+// token, and that every sentinel error is returned where the contract names
+// it, with errors.Is.
 //
 // With Harness.Encryption set, the suite runs as the core runs with
 // idem.Config.Encryption (sealed responses, hashed names). RunAtRest checks
@@ -82,6 +83,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Response", func(t *testing.T) { t.Parallel(); testResponse(t, h) })
 	t.Run("Tx", func(t *testing.T) { t.Parallel(); testTx(t, h) })
 	t.Run("Watch", func(t *testing.T) { t.Parallel(); testWatch(t, h) })
+	t.Run("Fence", func(t *testing.T) { t.Parallel(); testFence(t, h) })
+	t.Run("Steps", func(t *testing.T) { t.Parallel(); testSteps(t, h) })
 	t.Run("Inspect", func(t *testing.T) { t.Parallel(); testInspect(t, h) })
 }
 

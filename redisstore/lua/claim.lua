@@ -1,13 +1,23 @@
 -- Claim (scope, key). KEYS[1]: the record.
 -- ARGV: fingerprint, owner token, lease ms, retention ms.
 -- Reply: {outcome, took over (0/1), lease end ms, expires at ms, fingerprint
--- [, encoded response]}; outcomes 1 acquired, 2 completed, 3 in flight,
--- 4 mismatch. Times are the Redis clock's Unix milliseconds.
+-- [, encoded response | fence]}; outcomes 1 acquired (with the fence),
+-- 2 completed (with the response), 3 in flight, 4 mismatch. Times are the
+-- Redis clock's Unix milliseconds.
+--
+-- The fence (field n) is the Redis clock in microseconds, or the record's
+-- previous fence plus one if that is not greater: it grows with every claim
+-- of the key, also across releases and expiry, as long as the Redis clock
+-- does not go back.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local v = redis.call('HMGET', KEYS[1], 'f', 'l', 'e')
+local v = redis.call('HMGET', KEYS[1], 'f', 'l', 'e', 'n')
 local fp, lease, exp = v[1], v[2], v[3]
+local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if tonumber(v[4]) and tonumber(v[4]) >= fence then
+  fence = tonumber(v[4]) + 1
+end
 -- Redis fixes the expiry time a script sees when it starts, so a record
 -- whose retention ends during the script is still visible: ask the clock.
 if fp and tonumber(exp) and now >= tonumber(exp) then
@@ -31,6 +41,6 @@ end
 local l = now + tonumber(ARGV[3])
 local e = now + tonumber(ARGV[4])
 redis.call('HSET', KEYS[1], 'f', ARGV[1], 't', ARGV[2],
-  'l', string.format('%d', l), 'e', string.format('%d', e))
+  'l', string.format('%d', l), 'e', string.format('%d', e), 'n', string.format('%d', fence))
 redis.call('PEXPIREAT', KEYS[1], string.format('%d', e))
-return {1, took, l, e, ARGV[1]}
+return {1, took, l, e, ARGV[1], fence}

@@ -55,7 +55,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) == 0 {
 		os.Exit(cli.Main(context.Background(), nil, os.Stdout, os.Stderr))
 	}
-	os.Exit(run(m))
+	os.Exit(leaked(run(m)))
 }
 
 // run builds the binary into a temporary directory that outlives every

@@ -49,14 +49,23 @@ func startServer(t *testing.T, name string, args ...string) *server {
 // "idem COMMAND listening" (serve, proxy, consume).
 func startCommand(t *testing.T, name, command string, args ...string) *server {
 	t.Helper()
+	return startIdem(t, name, nil, append([]string{command, "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
+}
+
+// startIdem runs the idem binary with args (a subcommand that logs JSON and
+// announces its address: serve, proxy, consume or provider) and env added
+// to the test's environment, as startServer describes.
+func startIdem(t *testing.T, name string, env []string, args ...string) *server {
+	t.Helper()
 	began := time.Now()
 	s := &server{name: name, log: newServerLog(), exited: make(chan struct{})}
-	s.cmd = exec.Command(binary(t), append([]string{command, "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
+	s.cmd = exec.Command(binary(t), args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	s.cmd.Env = append(os.Environ(), env...)
 	if raceEnabled && os.Getenv("GORACE") == "" {
 		// A -race binary sleeps a second at exit by default, waiting for
 		// late reports; this suite stops a dozen processes.
-		s.cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
+		s.cmd.Env = append(s.cmd.Env, "GORACE=atexit_sleep_ms=0")
 	}
 	s.cmd.WaitDelay = 5 * time.Second // bound the copying of output after exit
 	killWithParent(s.cmd)
@@ -205,7 +214,8 @@ func (l *serverLog) Write(p []byte) (int, error) {
 		}
 		l.scanned += i + 1
 		var line struct{ Msg, Addr string }
-		if json.Unmarshal(rest[:i], &line) == nil && (line.Msg == "idem serve listening" || line.Msg == "idem proxy listening" || line.Msg == "idem consume listening") && line.Addr != "" {
+		if json.Unmarshal(rest[:i], &line) == nil && line.Addr != "" && (line.Msg == "idem serve listening" ||
+			line.Msg == "idem proxy listening" || line.Msg == "idem consume listening" || line.Msg == "idem provider listening") {
 			l.found = true
 			l.listening <- line.Addr
 		}

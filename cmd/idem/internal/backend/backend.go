@@ -36,13 +36,14 @@ const (
 // Supported describes the forms a --db or --store value may take, for
 // error messages.
 const Supported = "a SQLite file path, postgres://… or postgresql://… (?idem_schema=NAME), " +
-	"redis://… or rediss://… (?prefix=TEXT), or memory"
+	"redis://… or rediss://… (?prefix=TEXT), redis+cluster://host:port,host:port… (a Redis Cluster), or memory"
 
 // KindOf classifies a --db or --store value: a postgres:// or
 // postgresql:// URL (its query parameter idem_schema=NAME chooses the
 // records' schema, default "idem"), a redis:// or rediss:// URL (its query
-// parameter prefix=TEXT starts every key, default "idem:"), "memory", or a
-// SQLite file path. Schemes are case-insensitive. A value that starts with
+// parameter prefix=TEXT starts every key, default "idem:"), a
+// redis+cluster:// or rediss+cluster:// URL (a Redis Cluster, see
+// openRedisCluster), "memory", or a SQLite file path. Schemes are case-insensitive. A value that starts with
 // another URL scheme (letters, digits, "+", "-" or "." before a colon, at
 // least two characters: "mysql://x") or is a server address without one
 // ("localhost:6379") is an error naming the supported forms, not a file
@@ -66,6 +67,8 @@ func KindOf(spec string) (Kind, error) {
 		return Postgres, nil
 	case "redis", "rediss":
 		return Redis, nil
+	case "redis+cluster", "rediss+cluster":
+		return RedisCluster, nil
 	}
 	return "", fmt.Errorf("%q is not a store idem knows (scheme %q); use %s", redact(spec), scheme, Supported)
 }
@@ -265,6 +268,8 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 		return &Store{Records: s, Kind: Redis, Where: "Redis " + redact(spec),
 			Ping:  func(ctx context.Context) error { return client.Ping(ctx).Err() },
 			close: client.Close}, nil
+	case RedisCluster:
+		return openRedisCluster(ctx, spec)
 	case Memory:
 		s, err := memstore.New(nil)
 		if err != nil {

@@ -29,6 +29,7 @@ func commands() []command {
 	return []command{
 		{"serve", "run the payments demo service (SQLite by default)", runServe},
 		{"proxy", "run a reverse proxy that makes any HTTP API retry-safe", runProxy},
+		{"provider", "run a card-provider simulator with faults (for serve --provider)", runProvider},
 		{"check", "grade an HTTP endpoint against the Idempotency-Key contract", runCheck},
 		{"cleanup", "delete expired idempotency records in batches", runCleanup},
 		{"inspect", "show the idempotency record of a key", runInspect},

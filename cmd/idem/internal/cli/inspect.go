@@ -24,7 +24,9 @@ const inspectAbout = `Shows the idempotency record for KEY: its state, lease, ex
 version and sizes. The stored response's header fields and body are shown only
 with --show-body (they may hold personal data). Without --scope, every scope
 holding KEY is shown (Redis keeps keys only hashed and needs --scope; idem ls
-prints the scopes). Exit status 1 when there is no such record.`
+prints the scopes). A response stored encrypted (idem serve|proxy
+--encryption-keys) is shown only with the same --encryption-keys. Exit status
+1 when there is no such record.`
 
 const lsAbout = `Lists unexpired idempotency records, sorted by scope and key (Redis: in its
 own order, and by Redis key name, since it keeps scopes and keys only hashed).`
@@ -40,12 +42,18 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	scope := f.String("scope", "", "the record's scope, as idem ls prints it (default: every scope\nholding KEY)")
 	showBody := f.Bool("show-body", false, "also print the stored response's header fields and body")
 	asJSON := f.Bool("json", false, "print JSON instead of text")
+	encKeys := f.encryptionFlag()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
 	key, code := oneKey(f)
 	if code != exitOK {
 		return code
+	}
+	enc, _, err := loadEncryption(*encKeys)
+	if err != nil {
+		fmt.Fprintf(stderr, "idem inspect: --encryption-keys: %v\n", err)
+		return exitError
 	}
 	in, s, err := openInspector(ctx, *store)
 	if err != nil {
@@ -62,10 +70,12 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "idem inspect: no record for this key in %s\n", s.Where)
 		return exitError
 	}
+	notes := openResponses(ctx, enc, recs)
 	if *asJSON {
 		out := make([]recordJSON, len(recs))
 		for i, r := range recs {
 			out[i] = toJSON(r, *showBody)
+			out[i].Encryption = notes[i]
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -76,9 +86,39 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if i > 0 {
 			fmt.Fprintln(stdout)
 		}
-		printRecord(stdout, r, *showBody)
+		printRecord(stdout, r, *showBody, notes[i])
 	}
 	return exitOK
+}
+
+// openResponses decrypts the records' stored responses with enc (nil when
+// no --encryption-keys was given) and returns, per record, what to say
+// about its encryption: "" for a response stored in clear. A response it
+// cannot decrypt is dropped from its record, so that ciphertext is never
+// printed as a body.
+func openResponses(ctx context.Context, enc *idem.Encryption, recs []idem.RecordInfo) []string {
+	notes := make([]string, len(recs))
+	for i := range recs {
+		r := &recs[i]
+		if r.Response == nil {
+			continue
+		}
+		var none *idem.Encryption // opens exactly the responses stored in clear
+		if _, err := none.Open(ctx, r.Scope, r.Key, r.Response); err == nil {
+			continue
+		}
+		if enc == nil {
+			notes[i], r.Response = "encrypted; give --encryption-keys to read the response", nil
+			continue
+		}
+		resp, err := enc.Open(ctx, r.Scope, r.Key, r.Response)
+		if err != nil {
+			notes[i], r.Response = "encrypted and unreadable with these keys: "+err.Error(), nil
+			continue
+		}
+		notes[i], r.Response = "encrypted; decrypted with --encryption-keys", resp
+	}
+	return notes
 }
 
 func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -283,7 +323,7 @@ func quoteField(s string) string {
 	return s
 }
 
-func printRecord(w io.Writer, r idem.RecordInfo, showBody bool) {
+func printRecord(w io.Writer, r idem.RecordInfo, showBody bool, encryption string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
 	line := func(k, format string, args ...any) {
 		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...)
@@ -299,6 +339,9 @@ func printRecord(w io.Writer, r idem.RecordInfo, showBody bool) {
 	line("expires at", "%s (in %s)", r.ExpiresAt.Format(time.RFC3339Nano), time.Until(r.ExpiresAt).Round(time.Second))
 	if r.State == idem.StateInFlight {
 		line("lease until", "%s (%s)", r.LeaseExpiresAt.Format(time.RFC3339Nano), leaseState(r.LeaseExpiresAt))
+	}
+	if encryption != "" {
+		line("encryption", "%s", encryption)
 	}
 	if resp := r.Response; resp != nil {
 		line("response status", "%d", resp.StatusCode)
@@ -353,6 +396,10 @@ type recordJSON struct {
 	Unreplayable       bool                `json:"unreplayable,omitempty"`
 	Header             map[string][]string `json:"header,omitempty"`
 	Body               *string             `json:"body,omitempty"`
+	// Encryption says whether the stored response is encrypted and
+	// whether --encryption-keys decrypted it; absent for one stored in
+	// clear.
+	Encryption string `json:"encryption,omitempty"`
 }
 
 func toJSON(r idem.RecordInfo, showBody bool) recordJSON {

@@ -20,6 +20,11 @@ duplicate of a running request gets 409, a reused key with another payload
 gets 422. By default payments and idempotency records live in one SQLite file
 and commit in one transaction; nothing else needs to be installed.
 
+With --provider URL (see idem provider), each payment is made in three steps
+that survive crashes: a pending payment, a charge at the provider with a key
+derived from the client's key, then captured; a charge that cannot be made in
+--provider-budget answers 503 idempotency.step_incomplete and the retry resumes.
+
 Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
 GET /healthz, GET /metrics (Prometheus).`
 
@@ -27,12 +32,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	f := newFlags("serve", serveAbout, stdout, stderr)
 	sf := f.serverFlags()
 	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, or a postgres:// URL")
-	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\nanother SQLite path or postgres:// URL; default: the --db database,\nin the same transaction as the payment")
+	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\na redis+cluster://host:port,host:port URL (a Redis Cluster), another\nSQLite path or postgres:// URL; default: the --db database, in the\nsame transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
 	encKeys := f.encryptionFlag()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
 	ef := f.eventsFlags()
+	pf := f.providerFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -89,6 +95,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := ef.check(sameDB); err != nil {
 		return f.usageError("%v", err)
 	}
+	if *ef.url != "" && *pf.url != "" {
+		return f.usageError("--events and --provider cannot be combined yet (the provider flow does not add events)")
+	}
+	if err := pf.check(sameDB); err != nil {
+		return f.usageError("%v", err)
+	}
 	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB})
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
@@ -126,6 +138,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !sameDB {
 		mwStore = withoutTx(mwStore)
 	}
+	var psvc *payments.ProviderService
+	var secret []byte
+	if *pf.url != "" {
+		if psvc, secret, err = setupProvider(ctx, pf, repo, logger); err != nil {
+			logger.Error("cannot prepare the provider mode", "error", err)
+			return exitError
+		}
+	}
 	m := metrics.New()
 	tel, err := startTelemetry(ctx, "idem-serve", string(records.Kind), logger)
 	if err != nil {
@@ -133,7 +153,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitError
 	}
 	defer tel.close(logger)
-	mw, err := idem.NewMiddleware(mwStore, &idem.Config{
+	idemCfg := &idem.Config{
 		Lease:        *lease,
 		TTL:          *ttl,
 		StoreTimeout: *sf.storeTimeout,
@@ -147,7 +167,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Observer:          tel.observer(m),
 		Logger:            logger,
 		Encryption:        enc,
-	})
+		DeriveKeySecret:   secret,
+	}
+	mw, err := idem.NewMiddleware(mwStore, idemCfg)
 	if err != nil {
 		return f.usageError("%v", err)
 	}
@@ -166,10 +188,25 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot register the events metrics", "error", err)
 		return exitError
 	}
+	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
+	if psvc != nil {
+		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
+		exec, err := idem.NewExecutor(mwStore, idemCfg)
+		if err != nil {
+			return f.usageError("%v", err)
+		}
+		rctx, stopReconcile := context.WithCancel(ctx)
+		defer stopReconcile()
+		go reconcileLoop(rctx, exec, psvc, *pf.reconcile, logger)
+	}
+	postHandler := evs.after(mw.Handle(m.InFlight(create)))
+	if psvc != nil {
+		postHandler = crashAfterCapture(postHandler, psvc)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", evs.after(mw.Handle(m.InFlight(http.HandlerFunc(svc.Create))))))
-	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", http.HandlerFunc(svc.Count)))
-	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", http.HandlerFunc(svc.Get)))
+	mux.Handle("POST /api/payments", m.Instrument("POST /api/payments", postHandler))
+	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", count))
+	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", get))
 	mux.Handle("GET /healthz", health(dbStore, records))
 	mux.Handle("GET /metrics", m.Handler())
 
@@ -185,7 +222,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		where = fmt.Sprintf("payments and idempotency records in %s, committed in one transaction", dbStore.Where)
 	}
 	logger.Info("idem serve listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
-		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, encAttr)
+		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, encAttr, "provider", *pf.url)
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()

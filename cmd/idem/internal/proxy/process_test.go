@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
-	os.Exit(code)
+	os.Exit(leaked(code))
 }
 
 // idemBinary builds the idem command once per test run.
