@@ -309,14 +309,20 @@ func testExactlyOnceThroughKills(t *testing.T, nf brokerFixture, consumeFlags ..
 	}
 
 	ctx := testContext(t)
-	eventually(t, 90*time.Second, 100*time.Millisecond, "500 ledger rows", func() (bool, error) {
+	serveDB, consumeDB := openRO(t, servePath), openRO(t, consumePath)
+	// Generous: in CI this test shares two cores with the rest of the
+	// package's processes. A timeout says where the events were.
+	eventually(t, 3*time.Minute, 100*time.Millisecond, "500 ledger rows", func() (bool, error) {
 		n, err := ledgerCount(cons)
-		return n >= total, err
+		if err != nil || n >= total {
+			return n >= total, err
+		}
+		unsent := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
+		return false, fmt.Errorf("%d ledger rows, %d events still in the outbox", n, unsent)
 	})
 	t.Logf("%d ledger rows after %v", total, time.Since(began).Round(time.Millisecond))
 	// Once the outbox is empty and the consumer has nothing pending or
 	// unacknowledged, no further delivery can add a row.
-	serveDB, consumeDB := openRO(t, servePath), openRO(t, consumePath)
 	eventually(t, 60*time.Second, 100*time.Millisecond, "outbox sent and consumer settled", func() (bool, error) {
 		if n := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL"); n != 0 {
 			return false, fmt.Errorf("%d unsent", n)
