@@ -318,7 +318,8 @@ func testExactlyOnceThroughKills(t *testing.T, nf brokerFixture, consumeFlags ..
 			return n >= total, err
 		}
 		unsent := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
-		return false, fmt.Errorf("%d ledger rows, %d events still in the outbox", n, unsent)
+		settled, serr := nf.Settled(ctx)
+		return false, fmt.Errorf("%d ledger rows, %d events still in the outbox, broker consumer settled %v (%v)", n, unsent, settled, serr)
 	})
 	t.Logf("%d ledger rows after %v", total, time.Since(began).Round(time.Millisecond))
 	// Once the outbox is empty and the consumer has nothing pending or
