@@ -64,7 +64,10 @@ type Store interface {
 	//   - an in-flight record whose lease has not expired: ClaimInFlight;
 	//   - an in-flight record whose lease has expired: take it over (new
 	//     owner Token, new lease and retention as for a new record) and
-	//     return ClaimAcquired with TookOver set.
+	//     return ClaimAcquired with TookOver set. A store that cannot take
+	//     it over promptly (sqlitestore waits at most 100 ms for its write
+	//     lock, most likely held by the old owner's transaction) may answer
+	//     ClaimInFlight instead: the caller retries, and nothing runs twice.
 	//
 	// The returned Record describes the record after the call; it never
 	// carries another owner's token.

@@ -32,6 +32,12 @@ type HistoryConfig struct {
 	ServerClock bool
 	Pause       time.Duration
 	Slack       time.Duration
+	// BusyInFlight declares a store that may answer a claim of an
+	// in-flight record whose lease has expired with "in flight" when it
+	// cannot take the record over promptly (sqlitestore bounds a
+	// take-over's wait for the write lock, store.go). That answer never
+	// leads to a second execution; the model then allows it.
+	BusyInFlight bool
 	// OpTimeout bounds each store call. Defaults to 5 s.
 	OpTimeout time.Duration
 	// Seed makes the operations (not their interleaving) repeatable.
@@ -69,7 +75,7 @@ func Record(ctx context.Context, s idem.Store, c HistoryConfig) []porcupine.Oper
 			for n := range c.Ops {
 				key := keys[r.IntN(len(keys))]
 				in := Input{Key: key, Lease: int64(c.Lease), TTL: int64(c.TTL),
-					Token: fmt.Sprintf("c%d-%d", client, n)}
+					Token: fmt.Sprintf("c%d-%d", client, n), BusyOK: c.BusyInFlight}
 				tok, holds := held[key]
 				switch x := r.IntN(100); {
 				case holds && x < 25:

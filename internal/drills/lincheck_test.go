@@ -71,7 +71,13 @@ func TestLinearizable(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = s.Close() })
 			return s
-		}, fakeClockHistory)
+		}, func(seed uint64) drills.HistoryConfig {
+			// A take-over waits at most 100 ms for SQLite's write lock,
+			// then answers "in flight" (store.go, Claim).
+			c := fakeClockHistory(seed)
+			c.BusyInFlight = true
+			return c
+		})
 	})
 	t.Run("PostgreSQL", func(t *testing.T) {
 		t.Parallel()

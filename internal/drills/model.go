@@ -44,6 +44,9 @@ type Input struct {
 	Body        string // Complete's response body, unique per completion
 	Lease, TTL  int64
 	TLo, THi    int64
+	// BusyOK allows a claim to answer "in flight" for a record whose
+	// lease has expired (HistoryConfig.BusyInFlight).
+	BusyOK bool
 }
 
 // Output is what the store answered.
@@ -176,7 +179,7 @@ func stepOn(s state, wasExpired bool, in Input, out Output) []any {
 		default:
 			// Live if the lease ends after the instant; expired if at or
 			// before it.
-			if out.Outcome == OutInFlight && s.LeaseHi > in.TLo {
+			if out.Outcome == OutInFlight && (s.LeaseHi > in.TLo || in.BusyOK) {
 				return []any{s}
 			}
 			if out.Outcome == OutTookOver && s.LeaseLo <= in.THi {
