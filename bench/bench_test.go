@@ -15,10 +15,10 @@ import (
 )
 
 // TestMain lets the test binary serve systems: the harness starts its
-// serve-system and bare-payments processes from its own executable, which
+// serve-system and plain-payments processes from its own executable, which
 // under go test is this binary.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && (os.Args[1] == "serve-system" || os.Args[1] == "bare-payments") {
+	if len(os.Args) > 1 && (os.Args[1] == "serve-system" || os.Args[1] == "plain-payments") {
 		os.Exit(dispatch(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(leaked(m.Run()))
@@ -83,7 +83,7 @@ func TestSmoke(t *testing.T) {
 		t.Logf("Redis unreachable, its systems were skipped: %s", env.redErr)
 	}
 	if !testing.Short() {
-		want = append(want, "`idem serve` vs bare", "FAIL  payload-mismatch", "PASS  payload-mismatch")
+		want = append(want, "`idem serve` vs the plain handler", "| SQLite | first |", "FAIL  payload-mismatch", "PASS  payload-mismatch")
 	}
 	for _, w := range want {
 		if !strings.Contains(text, w) {
