@@ -131,7 +131,8 @@ func NewDispatcher(store Store, pub Publisher, cfg *Config) (*Dispatcher, error)
 }
 
 // Notify wakes a waiting Run at once, instead of after PollInterval: call
-// it after committing a transaction that added messages. It never blocks.
+// it after committing a transaction that added messages. It does not cut
+// short a back-off after a failure. It never blocks.
 func (d *Dispatcher) Notify() {
 	select {
 	case d.wake <- struct{}{}:
@@ -178,11 +179,17 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			backoff = 0
 			wait = d.cfg.PollInterval
 		}
+		// Notify ends a poll early, never a back-off: a broker that is
+		// down is not retried once per request.
+		wake := d.wake
+		if err != nil {
+			wake = nil
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 		case <-t.C:
-		case <-d.wake:
+		case <-wake:
 		}
 		t.Stop()
 	}

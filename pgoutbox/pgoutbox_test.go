@@ -31,7 +31,7 @@ type testBundle struct {
 // setup returns an outbox and a records store in a fresh schema, dropped
 // when the test ends. It skips when PostgreSQL is unreachable, unless CI is
 // set.
-func setup(t *testing.T) *testBundle {
+func setup(t testing.TB) *testBundle {
 	t.Helper()
 	url := os.Getenv("IDEM_TEST_POSTGRES_URL")
 	if url == "" {
@@ -84,7 +84,7 @@ func setup(t *testing.T) *testBundle {
 	return &testBundle{pool: pool, ob: ob, exec: exec}
 }
 
-func (b *testBundle) add(t *testing.T, key string, fail bool, msgs ...outbox.Message) error {
+func (b *testBundle) add(t testing.TB, key string, fail bool, msgs ...outbox.Message) error {
 	t.Helper()
 	_, err := b.exec.Do(context.Background(), idem.DoParams{Scope: "s", Key: key, Fingerprint: "fp"}, func(ctx context.Context) (*idem.Response, error) {
 		if err := b.ob.Add(ctx, msgs...); err != nil {

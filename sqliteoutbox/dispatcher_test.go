@@ -257,3 +257,45 @@ func TestDispatcherTakesOverAndCleansUp(t *testing.T) {
 		t.Fatalf("Cleanup after the retention: %d, %v", n, err)
 	}
 }
+
+// Notify wakes a polling dispatcher at once, but does not cut short its
+// back-off while the broker fails.
+func TestDispatcherNotify(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "o.db")
+	st, ob := openOutbox(t, path)
+	rec := newRecorder()
+	d, err := outbox.NewDispatcher(ob, rec, &outbox.Config{PollInterval: time.Hour, MinBackoff: time.Hour, MaxBackoff: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDispatcher(t, d) // its first cycle finds nothing; it then polls hourly
+	fill(t, st, ob, 0, 10, 3)
+	d.Notify()
+	waitPublished(t, rec, 10)
+
+	rec.down.Store(true)
+	fill(t, st, ob, 10, 10, 3)
+	d.Notify()
+	// The failed attempt; the dispatcher then backs off for an hour.
+	deadline := time.Now().Add(30 * time.Second)
+	for d.Stats().Failed == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no failed attempt")
+		}
+		time.Sleep(time.Millisecond) // polling the counter
+	}
+	select {
+	case <-rec.seen: // drain the signal of that attempt
+	default:
+	}
+	rec.down.Store(false)
+	for range 5 {
+		d.Notify()
+	}
+	select {
+	case <-rec.seen:
+		t.Fatal("Notify cut the back-off short")
+	case <-time.After(300 * time.Millisecond): // nothing may happen; bounded wait
+	}
+}

@@ -8,50 +8,19 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
 	"io"
-	"log"
 	"net/http"
-	"os/signal"
-	"syscall"
-	"time"
 
 	"github.com/gin-gonic/gin"
-	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/examples/internal/orders"
 	"github.com/idemhq/idem/idemgin"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
-func main() {
-	db := flag.String("db", "orders.db", "SQLite file for records and orders")
-	addr := flag.String("addr", "127.0.0.1:8092", "listen address")
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	store, err := orders.Open(ctx, *db)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	h, err := newHandler(store)
-	if err != nil {
-		log.Fatal(err)
-	}
-	srv := &http.Server{Addr: *addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() { <-ctx.Done(); _ = srv.Shutdown(context.Background()) }()
-	log.Printf("listening on http://%s", *addr)
-	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
-		log.Fatal(err)
-	}
-}
+func main() { orders.Main("127.0.0.1:8092", newHandler) }
 
 func newHandler(store *sqlitestore.Store) (http.Handler, error) {
-	mw, err := idem.NewMiddleware(store, &idem.Config{
-		TenantFunc: func(r *http.Request) (string, error) { return orders.Tenant(r.Header.Get("Authorization")), nil },
-	})
+	mw, err := orders.Middleware(store)
 	if err != nil {
 		return nil, err
 	}

@@ -309,14 +309,21 @@ func testExactlyOnceThroughKills(t *testing.T, nf brokerFixture, consumeFlags ..
 	}
 
 	ctx := testContext(t)
-	eventually(t, 90*time.Second, 100*time.Millisecond, "500 ledger rows", func() (bool, error) {
+	serveDB, consumeDB := openRO(t, servePath), openRO(t, consumePath)
+	// Generous: in CI this test shares two cores with the rest of the
+	// package's processes. A timeout says where the events were.
+	eventually(t, 3*time.Minute, 100*time.Millisecond, "500 ledger rows", func() (bool, error) {
 		n, err := ledgerCount(cons)
-		return n >= total, err
+		if err != nil || n >= total {
+			return n >= total, err
+		}
+		unsent := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
+		settled, serr := nf.Settled(ctx)
+		return false, fmt.Errorf("%d ledger rows, %d events still in the outbox, broker consumer settled %v (%v)", n, unsent, settled, serr)
 	})
 	t.Logf("%d ledger rows after %v", total, time.Since(began).Round(time.Millisecond))
 	// Once the outbox is empty and the consumer has nothing pending or
 	// unacknowledged, no further delivery can add a row.
-	serveDB, consumeDB := openRO(t, servePath), openRO(t, consumePath)
 	eventually(t, 60*time.Second, 100*time.Millisecond, "outbox sent and consumer settled", func() (bool, error) {
 		if n := queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL"); n != 0 {
 			return false, fmt.Errorf("%d unsent", n)
@@ -384,9 +391,10 @@ func testBrokerOutage(t *testing.T, nf brokerFixture) {
 		}
 	}
 	mustCreate(0)
-	eventually(t, 30*time.Second, 50*time.Millisecond, "the first event", func() (bool, error) {
+	eventually(t, 30*time.Second, 50*time.Millisecond, "the first event booked and marked sent", func() (bool, error) {
 		n, err := ledgerCount(cons)
-		return n == 1, err
+		// The consumer may book it before the dispatcher marks it.
+		return n == 1 && queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL") == 0, err
 	})
 
 	proxy.cut()
@@ -400,6 +408,13 @@ func testBrokerOutage(t *testing.T, nf brokerFixture) {
 	if n, err := ledgerCount(cons); err != nil || n != 1 {
 		t.Errorf("ledger count %d (%v) while the broker is unreachable, want 1", n, err)
 	}
+	if n := srv.mustMetric(t, "idem_events_pending"); n != during {
+		t.Errorf("idem_events_pending = %v while the broker is unreachable, want %d", n, during)
+	}
+	eventually(t, 30*time.Second, 50*time.Millisecond, "a failed publish counted", func() (bool, error) {
+		n, err := srv.metric("idem_events_publish_failures_total")
+		return n > 0, err
+	})
 
 	proxy.restore()
 	eventually(t, 60*time.Second, 100*time.Millisecond, "events delivered after the broker returned", func() (bool, error) {
@@ -410,6 +425,12 @@ func testBrokerOutage(t *testing.T, nf brokerFixture) {
 	eventually(t, 30*time.Second, 50*time.Millisecond, "every event marked sent", func() (bool, error) {
 		return queryInt(t, serveDB, "SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL") == 0, nil
 	})
+	if n := srv.mustMetric(t, "idem_events_pending"); n != 0 {
+		t.Errorf("idem_events_pending = %v after the broker returned, want 0", n)
+	}
+	if n := srv.mustMetric(t, "idem_events_published_total"); n < during+1 {
+		t.Errorf("idem_events_published_total = %v, want at least %d", n, during+1)
+	}
 }
 
 // subjectCounter counts every message published to a subject (a core NATS

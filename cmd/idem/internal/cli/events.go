@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
@@ -12,6 +13,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // eventsFlags are idem serve's flags for the payment.created events.
@@ -49,39 +51,62 @@ func (ef eventsFlags) check(sameDB bool) error {
 	return nil
 }
 
-// start sets up the outbox in db and runs its dispatcher until ctx ends;
-// it returns the hook that adds a payment's event in the payment's
-// transaction, and a function that waits for the dispatcher to stop.
-func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string, logger *slog.Logger) (func(context.Context, payments.Payment, string) error, func(), error) {
+// eventsRun is a running dispatcher as serve uses it.
+type eventsRun struct {
+	// hook adds a payment's event in the payment's transaction.
+	hook func(context.Context, payments.Payment, string) error
+	// wait waits for the dispatcher to stop.
+	wait func()
+	// notify wakes the dispatcher (after a payment committed).
+	notify func()
+	// collectors report the dispatcher on /metrics.
+	collectors []prometheus.Collector
+}
+
+// after wraps next so that the dispatcher is woken once a request is
+// answered (its transaction committed): events go out at once instead of
+// at the next poll.
+func (r eventsRun) after(next http.Handler) http.Handler {
+	if r.notify == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		next.ServeHTTP(w, req)
+		r.notify()
+	})
+}
+
+// start sets up the outbox in db and runs its dispatcher until ctx ends.
+func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string, logger *slog.Logger) (eventsRun, error) {
 	if *ef.url == "" {
-		return nil, func() {}, nil
+		return eventsRun{wait: func() {}}, nil
 	}
 	var ob addStore
 	switch {
 	case db.SQLite != nil:
 		s, err := sqliteoutbox.New(db.SQLite.DB(), nil)
 		if err != nil {
-			return nil, nil, err
+			return eventsRun{}, err
 		}
 		if err := s.Migrate(ctx); err != nil {
-			return nil, nil, err
+			return eventsRun{}, err
 		}
 		ob = s
 	default:
 		s, err := newPGOutbox(ctx, db, spec)
 		if err != nil {
-			return nil, nil, err
+			return eventsRun{}, err
 		}
 		ob = s
 	}
 	conn, err := events.Dial(ctx, *ef.url, *ef.subject, logger)
 	if err != nil {
-		return nil, nil, err
+		return eventsRun{}, err
 	}
 	d, err := outbox.NewDispatcher(ob, conn.Publisher, &outbox.Config{Logger: logger, Lease: *ef.lease, PublishTimeout: min(outbox.DefaultPublishTimeout, *ef.lease/3)})
 	if err != nil {
 		conn.Close()
-		return nil, nil, err
+		return eventsRun{}, err
 	}
 	done := make(chan struct{})
 	go func() {
@@ -102,5 +127,27 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string,
 		}
 		return nil
 	}
-	return hook, func() { <-done }, nil
+	return eventsRun{hook: hook, wait: func() { <-done }, notify: d.Notify, collectors: eventsCollectors(d, ob)}, nil
+}
+
+// eventsCollectors are the dispatcher's metrics: what it published, what
+// failed, and how many events wait in the outbox (the lag an operator
+// watches while the broker is down).
+func eventsCollectors(d *outbox.Dispatcher, ob addStore) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "idem_events_published_total",
+			Help: "Events the broker acknowledged."}, func() float64 { return float64(d.Stats().Published) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "idem_events_publish_failures_total",
+			Help: "Event publish attempts that failed (retried with back-off)."}, func() float64 { return float64(d.Stats().Failed) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "idem_events_pending",
+			Help: "Committed events not yet acknowledged by the broker (-1 if the database did not answer)."}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			n, err := ob.Pending(ctx)
+			if err != nil {
+				return -1
+			}
+			return float64(n)
+		}),
+	}
 }

@@ -9,9 +9,11 @@ import (
 	"github.com/idemhq/idem/pgoutbox"
 )
 
+// addStore is an outbox table as serve uses it (sqliteoutbox, pgoutbox).
 type addStore interface {
 	outbox.Store
 	Add(ctx context.Context, msgs ...outbox.Message) error
+	Pending(ctx context.Context) (int64, error)
 }
 
 // newPGOutbox opens the outbox in the --db PostgreSQL database, in the

@@ -95,6 +95,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := ef.check(sameDB); err != nil {
 		return f.usageError("%v", err)
 	}
+	if *ef.url != "" && *pf.url != "" {
+		return f.usageError("--events and --provider cannot be combined yet (the provider flow does not add events)")
+	}
 	if err := pf.check(sameDB); err != nil {
 		return f.usageError("%v", err)
 	}
@@ -115,7 +118,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer closeStore(records, logger)
 	}
 	var repo payments.Repo
-	var waitEvents func()
+	var evs eventsRun
 	if dbStore.SQLite != nil {
 		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
 	} else {
@@ -183,13 +186,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
 	evctx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
-	if svc.OnCreateFunc, waitEvents, err = ef.start(evctx, dbStore, *db, logger); err != nil {
+	if evs, err = ef.start(evctx, dbStore, *db, logger); err != nil {
 		logger.Error("cannot set up the events", "error", err)
 		return exitError
 	}
 	// The dispatcher stops after the last request, before the database
 	// closes; a message it publishes but cannot mark is published again.
-	defer func() { stopEvents(); waitEvents() }()
+	defer func() { stopEvents(); evs.wait() }()
+	svc.OnCreateFunc = evs.hook
+	if err := m.Register(evs.collectors...); err != nil {
+		logger.Error("cannot register the events metrics", "error", err)
+		return exitError
+	}
 	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
 	if psvc != nil {
 		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
@@ -201,7 +209,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer stopReconcile()
 		go reconcileLoop(rctx, exec, psvc, *pf.reconcile, logger)
 	}
-	postHandler := mw.Handle(m.InFlight(create))
+	postHandler := evs.after(mw.Handle(m.InFlight(create)))
 	if psvc != nil {
 		postHandler = crashAfterCapture(postHandler, psvc)
 	}

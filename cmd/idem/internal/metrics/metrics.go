@@ -169,3 +169,14 @@ func (w *StatusWriter) Flush() {
 	}
 	_ = http.NewResponseController(w.ResponseWriter).Flush()
 }
+
+// Register adds collectors of other parts of the process (the events
+// dispatcher) to the registry.
+func (m *Metrics) Register(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := m.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

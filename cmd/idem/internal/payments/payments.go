@@ -410,3 +410,18 @@ func writeProblem(w http.ResponseWriter, status int, code, title, detail string)
 func newID() string {
 	return "pay_" + strings.ToLower(rand.Text())
 }
+
+// createTable is the payments table's DDL, the same on every database but
+// for the types of the amount and of the creation time.
+func createTable(integer, timestamp string) string {
+	return `CREATE TABLE IF NOT EXISTS payments (
+		id              TEXT PRIMARY KEY,
+		tenant          TEXT NOT NULL,
+		idempotency_key TEXT NOT NULL,
+		amount_cents    ` + integer + ` NOT NULL,
+		currency        TEXT NOT NULL,
+		reference       TEXT NOT NULL,
+		created_at      ` + timestamp + ` NOT NULL,
+		UNIQUE (tenant, idempotency_key)
+	)`
+}

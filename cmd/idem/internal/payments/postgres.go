@@ -19,17 +19,7 @@ type PostgresRepo struct {
 
 // Migrate implements Repo.
 func (r PostgresRepo) Migrate(ctx context.Context) error {
-	_, err := r.Pool.Exec(ctx, `
-		CREATE TABLE IF NOT EXISTS payments (
-			id              TEXT        PRIMARY KEY,
-			tenant          TEXT        NOT NULL,
-			idempotency_key TEXT        NOT NULL,
-			amount_cents    BIGINT      NOT NULL,
-			currency        TEXT        NOT NULL,
-			reference       TEXT        NOT NULL,
-			created_at      TIMESTAMPTZ NOT NULL,
-			UNIQUE (tenant, idempotency_key)
-		)`)
+	_, err := r.Pool.Exec(ctx, createTable("BIGINT", "TIMESTAMPTZ"))
 	if err != nil {
 		return fmt.Errorf("payments: migrate: %w", err)
 	}

@@ -59,17 +59,7 @@ func (r SQLiteRepo) Close() error {
 
 // Migrate implements Repo.
 func (r SQLiteRepo) Migrate(ctx context.Context) error {
-	_, err := r.Store.DB().ExecContext(ctx, `
-		CREATE TABLE IF NOT EXISTS payments (
-			id              TEXT    PRIMARY KEY,
-			tenant          TEXT    NOT NULL,
-			idempotency_key TEXT    NOT NULL,
-			amount_cents    INTEGER NOT NULL,
-			currency        TEXT    NOT NULL,
-			reference       TEXT    NOT NULL,
-			created_at      TEXT    NOT NULL,
-			UNIQUE (tenant, idempotency_key)
-		)`)
+	_, err := r.Store.DB().ExecContext(ctx, createTable("INTEGER", "TEXT"))
 	if err != nil {
 		return fmt.Errorf("payments: migrate: %w", err)
 	}
