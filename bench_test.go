@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -132,4 +133,77 @@ func BenchmarkMiddleware(b *testing.B) {
 	b.Run("replay", func(b *testing.B) {
 		run(b, wrapped, func(int) string { return `"replay-8e03978e-40d5-43e8-bc93-6894a57f9324"` })
 	})
+}
+
+// BenchmarkGrownStore measures the middleware's overhead the way issue 14
+// compares Go idempotency middlewares: memstore grown to about 150,000
+// live keys (as in a process that has run for a while), a fresh
+// httptest.ResponseRecorder per request, and the bare handler as the
+// baseline. Overhead = first's or replay's ns/op minus bare's. The store
+// stays near 150k keys during "first": a virtual clock moves 1 ms per
+// request, the TTL is 150 s and expired records are deleted in batches
+// inside the timed loop.
+func BenchmarkGrownStore(b *testing.B) {
+	const live = 150_000
+	var now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	store, err := memstore.New(&memstore.Config{MaxRecords: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	mw, err := idem.NewMiddleware(store, &idem.Config{TTL: live * time.Millisecond, NowFunc: clock})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bare := http.HandlerFunc(benchHandler)
+	wrapped := mw.Handle(bare)
+	next := 0
+	keyBuf := []byte(`"grown-`)
+	newKey := func() string {
+		next++
+		if next%(1<<14) == 0 {
+			for {
+				n, _ := store.DeleteExpired(context.Background(), idem.DeleteExpiredParams{Limit: 1 << 12, Now: clock()})
+				if n < 1<<12 {
+					break
+				}
+			}
+		}
+		now.Add(int64(time.Millisecond))
+		k := strconv.AppendInt(keyBuf[:7], int64(next), 10)
+		return string(append(k, `-8e03978e-40d5-43e8-bc93"`...))
+	}
+	serve := func(h http.Handler, key string) int {
+		req := httptest.NewRequest(http.MethodPost, "http://example.com/api/payments", bytes.NewReader(benchBody))
+		req.Header.Set("Content-Type", "application/json")
+		req.Pattern = "POST /api/payments"
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	for range live {
+		if code := serve(wrapped, newKey()); code != http.StatusCreated {
+			b.Fatalf("warm-up: status %d", code)
+		}
+	}
+	const replayKey = `"grown-replay-8e03978e-40d5-43e8-bc93"`
+	run := func(b *testing.B, h http.Handler, key func() string) {
+		b.ReportAllocs()
+		for b.Loop() {
+			k := ""
+			if key != nil {
+				k = key()
+			}
+			if code := serve(h, k); code != http.StatusCreated {
+				b.Fatalf("status %d", code)
+			}
+		}
+	}
+	b.Run("bare", func(b *testing.B) { run(b, bare, nil) })
+	b.Run("first", func(b *testing.B) { run(b, wrapped, newKey) })
+	b.Run("replay", func(b *testing.B) { run(b, wrapped, func() string { return replayKey }) })
 }

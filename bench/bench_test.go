@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,10 +16,10 @@ import (
 )
 
 // TestMain lets the test binary serve systems: the harness starts its
-// serve-system and bare-payments processes from its own executable, which
+// serve-system and plain-payments processes from its own executable, which
 // under go test is this binary.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && (os.Args[1] == "serve-system" || os.Args[1] == "bare-payments") {
+	if len(os.Args) > 1 && (os.Args[1] == "serve-system" || os.Args[1] == "plain-payments") {
 		os.Exit(dispatch(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(leaked(m.Run()))
@@ -83,7 +84,7 @@ func TestSmoke(t *testing.T) {
 		t.Logf("Redis unreachable, its systems were skipped: %s", env.redErr)
 	}
 	if !testing.Short() {
-		want = append(want, "`idem serve` vs bare", "FAIL  payload-mismatch", "PASS  payload-mismatch")
+		want = append(want, "`idem serve` vs the plain handler", "| SQLite | first |", "FAIL  payload-mismatch", "PASS  payload-mismatch")
 	}
 	for _, w := range want {
 		if !strings.Contains(text, w) {
@@ -173,5 +174,34 @@ func TestLoadIsBounded(t *testing.T) {
 	res = runLoad(t.Context(), c, loadSpec{Workers: 2, Duration: time.Minute, Stop: stop, Req: req(`"k"`), Status: http.StatusCreated})
 	if res.Requests != 2 {
 		t.Errorf("with a closed Stop channel, 2 workers measured %d requests, want one each", res.Requests)
+	}
+}
+
+// TestServeDefaults checks the serve scenario's defaults (16 clients,
+// 3-second slices, as issue 14 measures) and that -quick and the flags
+// override them.
+func TestServeDefaults(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args  []string
+		conc  []int
+		slice time.Duration
+	}{
+		{nil, []int{16}, 3 * time.Second},
+		{[]string{"-serve-concurrency", "1,8,32,128", "-serve-duration", "2s"}, []int{1, 8, 32, 128}, 2 * time.Second},
+		{[]string{"-quick", "-concurrency", "4", "-duration", "150ms"}, []int{4}, 150 * time.Millisecond},
+	} {
+		o, err := parseOptions(c.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if !slices.Equal(o.ServeConcurrency, c.conc) || o.ServeDuration != c.slice {
+			t.Errorf("%v: serve concurrency %v, slice %v; want %v, %v", c.args, o.ServeConcurrency, o.ServeDuration, c.conc, c.slice)
+		}
+	}
+	for _, bad := range [][]string{{"-serve-concurrency", "0"}, {"-serve-concurrency", "x"}, {"-serve-duration", "0s"}} {
+		if _, err := parseOptions(bad, io.Discard); err == nil {
+			t.Errorf("%v: accepted", bad)
+		}
 	}
 }

@@ -25,6 +25,10 @@ type options struct {
 	Duration    time.Duration
 	Rounds      int
 	Concurrency []int
+	// ServeConcurrency and ServeDuration are the client counts and the
+	// slice length of the serve scenario (default 16 clients, 3 s).
+	ServeConcurrency []int
+	ServeDuration    time.Duration
 	// Scenarios selects the scenarios to run; empty: all.
 	Scenarios map[string]bool
 	Out       string

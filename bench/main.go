@@ -10,7 +10,7 @@
 // (between the harness markers) and the chart docs/benchmarks.png.
 //
 // Every system runs in a process of its own (this binary's hidden
-// serve-system and bare-payments subcommands), so that its allocations and
+// serve-system and plain-payments subcommands), so that its allocations and
 // memory are measured apart from the load generator's. PostgreSQL and
 // Redis come from IDEM_TEST_POSTGRES_URL and IDEM_TEST_REDIS_URL (the
 // machine's defaults otherwise); each run uses fresh schemas, a fresh
@@ -50,8 +50,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		switch args[0] {
 		case "serve-system":
 			err = runServeSystem(ctx, args[1:])
-		case "bare-payments":
-			err = runBarePayments(ctx, args[1:])
+		case "plain-payments":
+			err = runPlainPayments(ctx, args[1:])
 		default:
 			return runHarness(ctx, args, stdout, stderr)
 		}
@@ -80,6 +80,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.Rounds, "rounds", 3, "rounds: every system is measured once per round, in rotating order")
 	fs.IntVar(&o.Slices, "slices", 4, "slices each matrix measurement is cut into, interleaved with the other systems' slices")
 	conc := fs.String("concurrency", "1,8,32,128", "comma-separated closed-loop worker counts")
+	serveConc := fs.String("serve-concurrency", "16", "comma-separated keep-alive client counts of the serve scenario")
+	fs.DurationVar(&o.ServeDuration, "serve-duration", 3*time.Second, "length of each slice of the serve scenario")
 	scen := fs.String("scenarios", "", "comma-separated scenarios to run (default all): "+strings.Join(allScenarios, ","))
 	fs.StringVar(&o.Out, "out", "", "Markdown file whose generated section is rewritten (default: print the section)")
 	fs.StringVar(&o.Chart, "chart", "", "PNG chart to write (default: beside -out, benchmarks.png)")
@@ -106,6 +108,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		if !set["duration"] {
 			o.Duration = 300 * time.Millisecond
 		}
+		if !set["serve-duration"] {
+			o.ServeDuration = o.Duration
+		}
 		if !set["rounds"] {
 			o.Rounds = 1
 		}
@@ -124,6 +129,19 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		if !set["cleanup-rows"] {
 			o.CleanupRows = 20_000
 		}
+	}
+	if o.Quick && !set["serve-concurrency"] {
+		*serveConc = *conc
+	}
+	for _, f := range strings.Split(*serveConc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 4096 {
+			return nil, fmt.Errorf("-serve-concurrency: %q is not a client count", f)
+		}
+		o.ServeConcurrency = append(o.ServeConcurrency, n)
+	}
+	if o.ServeDuration <= 0 {
+		return nil, fmt.Errorf("-serve-duration must be positive")
 	}
 	for _, f := range strings.Split(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))

@@ -18,7 +18,7 @@ import (
 )
 
 // child is a server process the harness started: a serve-system or
-// bare-payments process of the harness's own binary, or an idem binary.
+// plain-payments process of the harness's own binary, or an idem binary.
 type child struct {
 	name  string
 	cmd   *exec.Cmd

@@ -401,7 +401,7 @@ func fiberApp(withIdem bool, g *gate) *fiber.App {
 	return app
 }
 
-// readReady reads the ready line of a serve-system (or bare-payments)
+// readReady reads the ready line of a serve-system (or plain-payments)
 // process.
 func readReady(r *bufio.Reader) (ready, error) {
 	line, err := r.ReadBytes('\n')

@@ -74,6 +74,18 @@ type Config struct {
 	// Tx/CompleteTx: they commit synchronously, after the claim. Defaults
 	// to false.
 	AsyncClaim bool
+
+	// ReadFirst answers a duplicate (a replay, an in-flight key, another
+	// payload) with a plain primary-key SELECT, and runs the claim
+	// statement only when that read finds no record it can answer from.
+	// The claim statement answers duplicates too, in one round trip for
+	// every request, but PostgreSQL plans and initialises its INSERT …
+	// ON CONFLICT node even when nothing is inserted: about four times the
+	// execution time of the SELECT. The price is a second round trip for
+	// every new key. Worth it where retries are common or replays must be
+	// as cheap as a read; the answers are the same either way. Defaults
+	// to false.
+	ReadFirst bool
 }
 
 // Store is an idem.Store on PostgreSQL, shared by every instance of a
@@ -99,8 +111,12 @@ type Store struct {
 	noAdvisoryLock bool
 
 	claimSQL, renewSQL, completeSQL, releaseSQL, deleteExpiredSQL string
-	saveCheckpointSQL, endLeaseSQL, stuckSQL                      string
-	asyncClaim                                                    bool
+	// readSQL is ReadFirst's read: the live record, its response only if
+	// the fingerprint matches (as the claim statement's cur).
+	readSQL                                  string
+	readFirst                                bool
+	saveCheckpointSQL, endLeaseSQL, stuckSQL string
+	asyncClaim                               bool
 }
 
 var (
@@ -167,6 +183,7 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 		table:      pgx.Identifier{c.Schema, c.Table}.Sanitize(),
 		migrations: pgx.Identifier{c.Schema, migrationsTable}.Sanitize(),
 		asyncClaim: c.AsyncClaim,
+		readFirst:  c.ReadFirst,
 	}
 	r := strings.NewReplacer(
 		"{schema}", s.schema,
@@ -256,6 +273,11 @@ UNION ALL
 SELECT false, 0, cur.fingerprint, cur.completed, cur.response, cur.lease_expires_at, cur.lease_live, cur.expires_at, 0::bigint, NULL::bytea
 FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
+	s.readSQL = `SELECT fingerprint, response IS NOT NULL, CASE WHEN fingerprint = $3 THEN response END,
+	       lease_expires_at, coalesce(lease_expires_at > statement_timestamp(), false), expires_at
+FROM ` + t + `
+WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
+
 	// The owner's statements match on the token, which is set only while
 	// the record is in flight, and on the retention: an expired record
 	// behaves as absent even before DeleteExpired removes it.
@@ -305,6 +327,15 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	if len(p.Scope)+len(p.Key) > maxIDBytes {
 		return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: scope and key are %d bytes, the limit is %d", len(p.Scope)+len(p.Key), maxIDBytes)
 	}
+	if s.readFirst {
+		r, ok, err := s.readOnce(ctx, p)
+		if err != nil {
+			return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+		}
+		if ok {
+			return r, nil
+		}
+	}
 	for range claimAttempts {
 		r, ok, err := s.claimOnce(ctx, p)
 		if err != nil {
@@ -344,6 +375,45 @@ func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (res idem.Cla
 	if err != nil {
 		return res, false, err
 	}
+	if acquired {
+		rec := idem.Record{Fingerprint: fingerprint, ExpiresAt: expiresAt, State: idem.StateInFlight, Fence: fence, Checkpoint: checkpoint}
+		if leaseEnd != nil {
+			rec.LeaseExpiresAt = *leaseEnd
+		}
+		return idem.ClaimResult{Outcome: idem.ClaimAcquired, TookOver: attempt > 1, Record: rec}, true, nil
+	}
+	// Same fingerprint, in flight, lease expired, when answer says not
+	// ok: the INSERT ran, and a newer row version than the snapshot's
+	// refused it.
+	return answer(p, fingerprint, completed, body, leaseEnd, leaseLive, expiresAt)
+}
+
+// readOnce is ReadFirst's read: ok when the live record answers the claim
+// without a write (completed, another fingerprint, or a live lease), as
+// the claim statement would answer from the same row.
+func (s *Store) readOnce(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, ok bool, err error) {
+	var (
+		completed, leaseLive bool
+		fingerprint          string
+		body                 []byte
+		leaseEnd             *time.Time
+		expiresAt            time.Time
+	)
+	err = s.pool.QueryRow(ctx, s.readSQL, p.Scope, p.Key, p.Fingerprint).
+		Scan(&fingerprint, &completed, &body, &leaseEnd, &leaseLive, &expiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	return answer(p, fingerprint, completed, body, leaseEnd, leaseLive, expiresAt)
+}
+
+// answer is the claim's outcome for a live record that was not acquired:
+// ok is false when the record does not explain why (in flight with the
+// same fingerprint and an expired lease), and the claim must run (again).
+func answer(p idem.ClaimParams, fingerprint string, completed bool, body []byte, leaseEnd *time.Time, leaseLive bool, expiresAt time.Time) (idem.ClaimResult, bool, error) {
 	rec := idem.Record{Fingerprint: fingerprint, ExpiresAt: expiresAt, State: idem.StateInFlight}
 	if leaseEnd != nil {
 		rec.LeaseExpiresAt = *leaseEnd
@@ -352,9 +422,6 @@ func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (res idem.Cla
 		rec.State = idem.StateCompleted
 	}
 	switch {
-	case acquired:
-		rec.Fence, rec.Checkpoint = fence, checkpoint
-		return idem.ClaimResult{Outcome: idem.ClaimAcquired, TookOver: attempt > 1, Record: rec}, true, nil
 	case fingerprint != p.Fingerprint:
 		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: rec}, true, nil
 	case completed:
@@ -362,16 +429,14 @@ func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (res idem.Cla
 		// body was copied out of the connection's buffer by Scan, so the
 		// decoded response may alias it.
 		if err := resp.UnmarshalBinary(body); err != nil {
-			return res, false, fmt.Errorf("stored response of (%q, %q): %w", p.Scope, p.Key, err)
+			return idem.ClaimResult{}, false, fmt.Errorf("stored response of (%q, %q): %w", p.Scope, p.Key, err)
 		}
 		rec.Response = resp
 		return idem.ClaimResult{Outcome: idem.ClaimCompleted, Record: rec}, true, nil
 	case leaseLive:
 		return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: rec}, true, nil
 	}
-	// Same fingerprint, in flight, lease expired: the INSERT ran, and a
-	// newer row version than the snapshot's refused it.
-	return res, false, nil
+	return idem.ClaimResult{}, false, nil
 }
 
 // Renew implements idem.Store. The new lease ends p.Lease after the

@@ -17,13 +17,14 @@ import (
 )
 
 // The whole contract holds with synchronous and with asynchronous claim
-// commits (Config.AsyncClaim).
+// commits (Config.AsyncClaim), and with duplicates answered by a read
+// before the claim statement (Config.ReadFirst).
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name string
 		cfg  *pgstore.Config
-	}{{"sync", nil}, {"async-claim", &pgstore.Config{AsyncClaim: true}}} {
+	}{{"sync", nil}, {"async-claim", &pgstore.Config{AsyncClaim: true}}, {"read-first", &pgstore.Config{AsyncClaim: true, ReadFirst: true}}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, storetest.Harness{

@@ -153,6 +153,12 @@ type Options struct {
 	// transaction, which commits synchronously after the claim.
 	AsyncClaim bool
 
+	// ReadFirst answers PostgreSQL duplicates (replays, in-flight keys,
+	// other payloads) with a primary-key SELECT before the claim
+	// statement (pgstore.Config.ReadFirst): a replay costs one read, a
+	// new key one round trip more.
+	ReadFirst bool
+
 	// OpenTimeout bounds opening the store: connecting, the first ping
 	// and creating the schema. A server that accepts connections but
 	// never answers makes Open fail after it instead of waiting forever.
@@ -220,7 +226,7 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 			pool.Close()
 			return nil, fmt.Errorf("postgres %s: cannot connect: %w", redact(spec), err)
 		}
-		s, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema, AsyncClaim: o.AsyncClaim})
+		s, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema, AsyncClaim: o.AsyncClaim, ReadFirst: o.ReadFirst})
 		if err != nil {
 			pool.Close()
 			return nil, fmt.Errorf("postgres %s: %w", redact(spec), err)

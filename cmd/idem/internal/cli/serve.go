@@ -101,7 +101,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := pf.check(sameDB); err != nil {
 		return f.usageError("%v", err)
 	}
-	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB})
+	// ReadFirst: a PostgreSQL replay is one primary-key read (the claim
+	// statement runs only for a key the read cannot answer).
+	dbStore, err := backend.OpenWith(ctx, *db, backend.Options{AsyncClaim: sameDB, ReadFirst: true})
 	if err != nil {
 		logger.Error("cannot open the database", "db", *db, "error", err)
 		return exitError
@@ -109,7 +111,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer closeStore(dbStore, logger)
 	records := dbStore
 	if !sameDB {
-		if records, err = backend.Open(ctx, *storeSpec); err != nil {
+		if records, err = backend.OpenWith(ctx, *storeSpec, backend.Options{ReadFirst: true}); err != nil {
 			logger.Error("cannot open the records store", "store", *storeSpec, "error", err)
 			return exitError
 		}
@@ -125,6 +127,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := repo.Migrate(ctx); err != nil {
 		logger.Error("cannot create the payments table", "error", err)
 		return exitError
+	}
+	if sr, ok := repo.(payments.SQLiteRepo); ok {
+		if sr, err = sr.Prepare(ctx); err != nil {
+			logger.Error("cannot prepare the payments statements", "error", err)
+			return exitError
+		}
+		defer sr.Close()
+		repo = sr
 	}
 
 	// Payments and records in one database commit in one transaction: the

@@ -14,6 +14,47 @@ import (
 // SQLiteRepo keeps payments in the SQLite file of a sqlitestore.Store.
 type SQLiteRepo struct {
 	Store *sqlitestore.Store
+	// st holds the statements Prepare compiled; nil: every call has its
+	// SQL parsed again.
+	st *sqliteStatements
+}
+
+// sqliteStatements are the request path's statements, compiled once:
+// the insert runs while SQLite's single writer is held, where parsing it
+// per request lengthens every other writer's wait.
+type sqliteStatements struct {
+	insert, get *sql.Stmt
+}
+
+const (
+	insertSQLite = `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, idempotency_key) DO NOTHING`
+	getSQLite = selectSQLite + ` WHERE tenant = ? AND id = ?`
+)
+
+// Prepare returns the repo with its request-path statements (Insert on
+// the writer, Get on the readers) prepared once; call it after Migrate,
+// and Close the returned repo before the store.
+func (r SQLiteRepo) Prepare(ctx context.Context) (SQLiteRepo, error) {
+	ins, err := r.Store.DB().PrepareContext(ctx, insertSQLite)
+	if err != nil {
+		return r, fmt.Errorf("payments: prepare: %w", err)
+	}
+	get, err := r.Store.ReadDB().PrepareContext(ctx, getSQLite)
+	if err != nil {
+		ins.Close()
+		return r, fmt.Errorf("payments: prepare: %w", err)
+	}
+	r.st = &sqliteStatements{insert: ins, get: get}
+	return r, nil
+}
+
+// Close closes the statements Prepare compiled.
+func (r SQLiteRepo) Close() error {
+	if r.st == nil {
+		return nil
+	}
+	return errors.Join(r.st.insert.Close(), r.st.get.Close())
 }
 
 // Migrate implements Repo.
@@ -42,9 +83,15 @@ func (r SQLiteRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
 	} else if err != nil {
 		return Payment{}, fmt.Errorf("payments: insert: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, idempotency_key) DO NOTHING`,
-		p.ID, p.tenant, p.key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt.Format(time.RFC3339Nano))
+	args := []any{p.ID, p.tenant, p.key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt.Format(time.RFC3339Nano)}
+	var res sql.Result
+	if r.st != nil {
+		// The transaction's connection already holds the compiled
+		// statement after its first use.
+		res, err = tx.StmtContext(ctx, r.st.insert).ExecContext(ctx, args...)
+	} else {
+		res, err = tx.ExecContext(ctx, insertSQLite, args...)
+	}
 	if err != nil {
 		if re := rejectedSQLite(err); re != nil {
 			return Payment{}, re
@@ -87,7 +134,10 @@ func scanSQLite(row *sql.Row) (Payment, error) {
 
 // Get implements Repo.
 func (r SQLiteRepo) Get(ctx context.Context, tenant, id string) (Payment, error) {
-	return scanSQLite(r.Store.ReadDB().QueryRowContext(ctx, selectSQLite+` WHERE tenant = ? AND id = ?`, tenant, id))
+	if r.st != nil {
+		return scanSQLite(r.st.get.QueryRowContext(ctx, tenant, id))
+	}
+	return scanSQLite(r.Store.ReadDB().QueryRowContext(ctx, getSQLite, tenant, id))
 }
 
 // Count implements Repo.
