@@ -13,12 +13,16 @@ import (
 	"github.com/idemhq/idem/redisstore"
 	"github.com/idemhq/idem/storetest"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // newClusterClient returns a cluster client of c, closed when tb ends.
 func newClusterClient(tb testing.TB, c *testcluster.Cluster) *redis.ClusterClient {
 	tb.Helper()
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(),
+		// go-redis v9.23 races on the maintenance-notification handshake
+		// with the dedicated connections WaitReplicas uses.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
 	tb.Cleanup(func() { _ = client.Close() })
 	return client
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // long reports whether IDEM_DRILL_LONG is set: the drills and checkers
@@ -105,6 +106,7 @@ func newRedis(tb testing.TB) *redis.Client {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	opts.MaintNotificationsConfig = noMaint()
 	c := redis.NewClient(opts)
 	tb.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -136,3 +138,10 @@ func redisPrefix(tb testing.TB, c *redis.Client) string {
 func itoa(i int) string { return strconv.Itoa(i) }
 
 func newSchemaName() string { return "drill_" + strings.ToLower(crand.Text()[:12]) }
+
+// noMaint turns off go-redis's maintenance notifications: their
+// handshake's fallback races (go-redis v9.23) with the dedicated
+// connections redisstore's WaitReplicas uses, and idem does not use them.
+func noMaint() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+}

@@ -95,7 +95,7 @@ func TestLinearizable(t *testing.T) {
 	t.Run("RedisCluster", func(t *testing.T) {
 		t.Parallel()
 		cl := testcluster.Start(t)
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaintNotificationsConfig: noMaint()})
 		t.Cleanup(func() { _ = c.Close() })
 		n := 0
 		checkStore(t, func(t *testing.T) idem.Store {

@@ -82,7 +82,7 @@ func redisFailover(t *testing.T, name string, waitReplicas int, lag bool) {
 		}
 	}
 	var d net.Dialer
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(),
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaintNotificationsConfig: noMaint(),
 		DialTimeout: 500 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
 		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if to, ok := redirect[addr]; ok {

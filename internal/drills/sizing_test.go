@@ -84,7 +84,7 @@ func TestSizing(t *testing.T) {
 	t.Run("Redis", func(t *testing.T) {
 		// A private cluster, so that used_memory counts only these records.
 		cl := testcluster.Start(t)
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaintNotificationsConfig: noMaint()})
 		defer c.Close()
 		before := redisMemory(t, c)
 		rate := fill(t, newRedisStore(t, c, "size:"), n)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Kind names a store backend.
@@ -258,6 +259,7 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 		if !q.Has("write_timeout") {
 			opts.WriteTimeout = redisTimeout
 		}
+		opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled} // as in cluster.go
 		client := redis.NewClient(opts)
 		// Like PostgreSQL, Redis must answer at start: a typo in the URL
 		// fails at once instead of as 503s later. Once started, a Redis

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemhq/idem/redisstore"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // RedisCluster is a Redis Cluster, named by a redis+cluster:// (or
@@ -81,6 +82,10 @@ func openRedisCluster(ctx context.Context, spec string) (*Store, error) {
 	if !q.Has("write_timeout") {
 		opts.WriteTimeout = redisTimeout
 	}
+	// idem does not use maintenance notifications; go-redis v9.23 races
+	// on their handshake between a node client and the dedicated
+	// connections WaitReplicas uses.
+	opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	client := redis.NewClusterClient(opts)
 	// As for a single Redis: the cluster must answer at start.
 	if err := client.Ping(ctx).Err(); err != nil {
