@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,4 +155,23 @@ func OrdersMatchExecutions(t *testing.T, url string, store *sqlitestore.Store) {
 	if after != before+1 {
 		t.Errorf("%d orders written for one key, want 1", after-before)
 	}
+}
+
+// Example serves the handler newHandler builds on a fresh orders database
+// with httptest, runs every check against its POST /orders and checks that
+// one order exists per execution: the test of each HTTP example.
+func Example(t *testing.T, newHandler func(*sqlitestore.Store) (http.Handler, error)) {
+	store, err := orders.Open(t.Context(), filepath.Join(t.TempDir(), "orders.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	h, err := newHandler(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	Run(t, srv.URL+"/orders", Args()...)
+	OrdersMatchExecutions(t, srv.URL+"/orders", store)
 }
