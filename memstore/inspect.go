@@ -46,20 +46,15 @@ func (s *Store) List(ctx context.Context, p idem.ListParams) ([]idem.RecordInfo,
 	}
 	now := p.Now.UnixNano()
 	var out []idem.RecordInfo
-	for i := range s.shards {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	err := s.walk(ctx, func(k recordKey, r *record) {
+		if now >= r.expiresAt || (p.Key != "" && k.key != p.Key) ||
+			(p.State != 0 && r.completed != (p.State == idem.StateCompleted)) {
+			return
 		}
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for k, r := range sh.records {
-			if now >= r.expiresAt || (p.Key != "" && k.key != p.Key) ||
-				(p.State != 0 && r.completed != (p.State == idem.StateCompleted)) {
-				continue
-			}
-			out = append(out, s.info(k, r, false))
-		}
-		sh.mu.Unlock()
+		out = append(out, s.info(k, r, false))
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b idem.RecordInfo) int {
 		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Key, b.Key))

@@ -241,19 +241,14 @@ func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckReco
 	}
 	now := p.Now.UnixNano()
 	var out []idem.StuckRecord
-	for i := range s.shards {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	err := s.walk(ctx, func(k recordKey, r *record) {
+		if !r.completed && r.checkpoint != nil && r.leaseEnd <= now && now < r.expiresAt {
+			out = append(out, idem.StuckRecord{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint,
+				Checkpoint: r.checkpoint, LeaseExpiresAt: time.Unix(0, r.leaseEnd).UTC()})
 		}
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for k, r := range sh.records {
-			if !r.completed && r.checkpoint != nil && r.leaseEnd <= now && now < r.expiresAt {
-				out = append(out, idem.StuckRecord{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint,
-					Checkpoint: r.checkpoint, LeaseExpiresAt: time.Unix(0, r.leaseEnd).UTC()})
-			}
-		}
-		sh.mu.Unlock()
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b idem.StuckRecord) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
 	if len(out) > p.Limit {
@@ -339,4 +334,21 @@ func (r *record) notify() {
 		close(w.ch)
 	}
 	r.watchers = nil
+}
+
+// walk calls fn on every record, holding one shard's lock at a time, and
+// stops with ctx's error between shards.
+func (s *Store) walk(ctx context.Context, fn func(recordKey, *record)) error {
+	for i := range s.shards {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, r := range sh.records {
+			fn(k, r)
+		}
+		sh.mu.Unlock()
+	}
+	return nil
 }
