@@ -124,6 +124,20 @@ func printable(s string) bool {
 	return true
 }
 
+// PrepareRow returns m as the stores insert it: prepared (Prepare), its
+// payload never nil (the column is NOT NULL), and its headers encoded
+// (EncodeHeaders).
+func PrepareRow(m Message) (Message, string, error) {
+	if err := Prepare(&m); err != nil {
+		return m, "", err
+	}
+	if m.Payload == nil {
+		m.Payload = []byte{}
+	}
+	h, err := EncodeHeaders(m.Headers)
+	return m, h, err
+}
+
 // NewID returns a new random message id ("msg_" and 26 base32 letters).
 func NewID() string {
 	return "msg_" + strings.ToLower(rand.Text())

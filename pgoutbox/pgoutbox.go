@@ -150,20 +150,12 @@ func (s *Store) AddTx(ctx context.Context, tx pgx.Tx, msgs ...outbox.Message) er
 		return errors.New("pgoutbox: add: nil transaction")
 	}
 	for i := range msgs {
-		m := msgs[i]
-		if err := outbox.Prepare(&m); err != nil {
-			return err
-		}
-		h, err := outbox.EncodeHeaders(m.Headers)
+		m, h, err := outbox.PrepareRow(msgs[i])
 		if err != nil {
 			return fmt.Errorf("pgoutbox: add: %w", err)
 		}
-		payload := m.Payload
-		if payload == nil {
-			payload = []byte{}
-		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+s.table+` (id, topic, okey, payload, headers)
-			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, m.ID, m.Topic, m.Key, payload, h); err != nil {
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, m.ID, m.Topic, m.Key, m.Payload, h); err != nil {
 			return fmt.Errorf("pgoutbox: add: %w", err)
 		}
 	}

@@ -130,20 +130,12 @@ func (s *Store) AddTx(ctx context.Context, tx *sql.Tx, msgs ...outbox.Message) e
 	}
 	now := s.now().UnixNano()
 	for i := range msgs {
-		m := msgs[i]
-		if err := outbox.Prepare(&m); err != nil {
-			return err
-		}
-		h, err := outbox.EncodeHeaders(m.Headers)
+		m, h, err := outbox.PrepareRow(msgs[i])
 		if err != nil {
 			return fmt.Errorf("sqliteoutbox: add: %w", err)
 		}
-		payload := m.Payload
-		if payload == nil {
-			payload = []byte{}
-		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.table+` (id, topic, okey, payload, headers, created_at)
-			VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`, m.ID, m.Topic, m.Key, payload, h, now); err != nil {
+			VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`, m.ID, m.Topic, m.Key, m.Payload, h, now); err != nil {
 			return fmt.Errorf("sqliteoutbox: add: %w", err)
 		}
 	}
