@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"testing"
 	"time"
@@ -17,24 +16,8 @@ func TestConformanceEncrypted(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
 		NewStore:    func(t *testing.T) idem.Store { return newFixture(t, nil).store },
 		ServerClock: true,
-		Encryption:  testEncryption(t),
+		Encryption:  storetest.Encryption(t),
 	})
-}
-
-// testEncryption is a one-key encryption with key hashing.
-func testEncryption(t *testing.T) *idem.Encryption {
-	t.Helper()
-	k := sha256.Sum256([]byte("pgstore test key"))
-	kr, err := idem.NewKeyring(idem.KeyringKey{ID: "1", Key: k[:]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.Sum256([]byte("pgstore hash key"))
-	enc, err := idem.NewEncryption(kr, &idem.EncryptionConfig{HashKey: h[:]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return enc
 }
 
 func TestEncryptionAtRest(t *testing.T) {

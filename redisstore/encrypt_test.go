@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"testing"
 	"time"
@@ -21,24 +20,8 @@ func TestConformanceEncrypted(t *testing.T) {
 		ServerClock:  true,
 		SelfExpiring: true,
 		HashedKeys:   true,
-		Encryption:   testEncryption(t),
+		Encryption:   storetest.Encryption(t),
 	})
-}
-
-// testEncryption is a one-key encryption with key hashing.
-func testEncryption(t *testing.T) *idem.Encryption {
-	t.Helper()
-	k := sha256.Sum256([]byte("redisstore test key"))
-	kr, err := idem.NewKeyring(idem.KeyringKey{ID: "1", Key: k[:]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.Sum256([]byte("redisstore hash key"))
-	enc, err := idem.NewEncryption(kr, &idem.EncryptionConfig{HashKey: h[:]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return enc
 }
 
 func TestEncryptionAtRest(t *testing.T) {

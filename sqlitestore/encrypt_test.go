@@ -2,7 +2,6 @@ package sqlitestore_test
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
 	"os"
 	"path/filepath"
@@ -19,24 +18,8 @@ func TestConformanceEncrypted(t *testing.T) {
 			s, _ := open(t)
 			return s
 		},
-		Encryption: testEncryption(t),
+		Encryption: storetest.Encryption(t),
 	})
-}
-
-// testEncryption is a one-key encryption with key hashing.
-func testEncryption(t *testing.T) *idem.Encryption {
-	t.Helper()
-	k := sha256.Sum256([]byte("sqlitestore test key"))
-	kr, err := idem.NewKeyring(idem.KeyringKey{ID: "1", Key: k[:]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.Sum256([]byte("sqlitestore hash key"))
-	enc, err := idem.NewEncryption(kr, &idem.EncryptionConfig{HashKey: h[:]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return enc
 }
 
 func TestEncryptionAtRest(t *testing.T) {

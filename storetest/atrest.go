@@ -76,6 +76,13 @@ func atRestKey(name string) []byte {
 	return k[:]
 }
 
+// Encryption returns an encryption with one key and key hashing, for a
+// store's TestConformanceEncrypted (Harness.Encryption).
+func Encryption(t *testing.T) *idem.Encryption {
+	t.Helper()
+	return atRestEncryption(t, true, "1")
+}
+
 func atRestEncryption(t *testing.T, hash bool, ids ...string) *idem.Encryption {
 	t.Helper()
 	keys := make([]idem.KeyringKey, len(ids))
