@@ -80,8 +80,6 @@ func BenchmarkMiddleware(b *testing.B) {
 	}
 	// Unique keys are made as a real server receives them: one new string
 	// per request.
-	next := 0 // shared by every run of "first", so that -count never reuses a key
-	keyBuf := []byte(`"first-`)
 	optional, err := idem.NewMiddleware(store, &idem.Config{Requirement: idem.KeyOptional})
 	if err != nil {
 		b.Fatal(err)
@@ -103,20 +101,8 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.Fatal(err)
 	}
 	firstH := firstMW.Handle(bare)
-	firstKey := func(int) string {
-		next++
-		if next%(1<<14) == 0 {
-			for {
-				n, _ := steady.DeleteExpired(context.Background(), idem.DeleteExpiredParams{Limit: 1 << 12, Now: clock()})
-				if n < 1<<12 {
-					break
-				}
-			}
-		}
-		now.Add(int64(time.Millisecond))
-		k := strconv.AppendInt(keyBuf[:7], int64(next), 10)
-		return string(append(k, `-8e03978e-40d5-43e8-bc93"`...))
-	}
+	newKey := steadyKeys(steady, &now, "first", 1<<14)
+	firstKey := func(int) string { return newKey() }
 	// Reach the steady state (a full TTL of records) before measuring.
 	w := &discardWriter{h: make(http.Header)}
 	for i := range 80_000 {
@@ -158,22 +144,7 @@ func BenchmarkGrownStore(b *testing.B) {
 	}
 	bare := http.HandlerFunc(benchHandler)
 	wrapped := mw.Handle(bare)
-	next := 0
-	keyBuf := []byte(`"grown-`)
-	newKey := func() string {
-		next++
-		if next%(1<<14) == 0 {
-			for {
-				n, _ := store.DeleteExpired(context.Background(), idem.DeleteExpiredParams{Limit: 1 << 12, Now: clock()})
-				if n < 1<<12 {
-					break
-				}
-			}
-		}
-		now.Add(int64(time.Millisecond))
-		k := strconv.AppendInt(keyBuf[:7], int64(next), 10)
-		return string(append(k, `-8e03978e-40d5-43e8-bc93"`...))
-	}
+	newKey := steadyKeys(store, &now, "grown", 1<<14)
 	serve := func(h http.Handler, key string) int {
 		req := httptest.NewRequest(http.MethodPost, "http://example.com/api/payments", bytes.NewReader(benchBody))
 		req.Header.Set("Content-Type", "application/json")
@@ -206,4 +177,30 @@ func BenchmarkGrownStore(b *testing.B) {
 	b.Run("bare", func(b *testing.B) { run(b, bare, nil) })
 	b.Run("first", func(b *testing.B) { run(b, wrapped, newKey) })
 	b.Run("replay", func(b *testing.B) { run(b, wrapped, func() string { return replayKey }) })
+}
+
+// steadyKeys returns a generator of new keys for a first-execution
+// benchmark on store, made as a real server receives them (one new string
+// per request). Each key moves now by 1 ms, and every `every` keys the
+// expired records are deleted in batches (inside the timed loop), so that
+// the store stays at one TTL's worth of records instead of measuring the
+// heap's growth.
+func steadyKeys(store *memstore.Store, now *atomic.Int64, prefix string, every int) func() string {
+	next := 0
+	buf := []byte(`"` + prefix + `-`)
+	n0 := len(buf)
+	return func() string {
+		next++
+		if next%every == 0 {
+			for {
+				n, _ := store.DeleteExpired(context.Background(), idem.DeleteExpiredParams{Limit: 1 << 12, Now: time.Unix(0, now.Load())})
+				if n < 1<<12 {
+					break
+				}
+			}
+		}
+		now.Add(int64(time.Millisecond))
+		k := strconv.AppendInt(buf[:n0], int64(next), 10)
+		return string(append(k, `-8e03978e-40d5-43e8-bc93"`...))
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,22 +50,7 @@ func benchEncryptionMode(b *testing.B, enc *idem.Encryption) {
 			b.Fatal(err)
 		}
 		h := mw.Handle(http.HandlerFunc(benchHandler))
-		next := 0
-		keyBuf := []byte(`"first-`)
-		firstKey := func() string {
-			next++
-			if next%(1<<12) == 0 {
-				for {
-					n, _ := store.DeleteExpired(context.Background(), idem.DeleteExpiredParams{Limit: 1 << 12, Now: clock()})
-					if n < 1<<12 {
-						break
-					}
-				}
-			}
-			now.Add(int64(time.Millisecond))
-			k := strconv.AppendInt(keyBuf[:7], int64(next), 10)
-			return string(append(k, `-8e03978e-40d5-43e8-bc93"`...))
-		}
+		firstKey := steadyKeys(store, &now, "first", 1<<12)
 		serve := func(b *testing.B, key string) {
 			req, _ := http.NewRequest(http.MethodPost, "http://example.com/api/payments", io.NopCloser(bytes.NewReader(benchBody)))
 			req.Pattern = "POST /api/payments"
