@@ -157,22 +157,28 @@ func redisFailover(t *testing.T, name string, waitReplicas int, lag bool) {
 }
 
 // masterWithReplica returns a master and its replica, as the master's
-// INFO replication reports them.
+// INFO replication reports them. A replica behind the drill's proxy may
+// still be (re)connecting: the roles are polled for up to 20 s.
 func masterWithReplica(t *testing.T, cl *testcluster.Cluster) (master, replica string) {
-	for _, addr := range cl.Addrs() {
-		info, err := testcluster.Do(t.Context(), addr, "INFO", "replication")
-		if err != nil {
-			t.Fatal(err)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		for _, addr := range cl.Addrs() {
+			info, err := testcluster.Do(t.Context(), addr, "INFO", "replication")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(info, "role:master") {
+				continue
+			}
+			if m := replicaLine.FindStringSubmatch(info); m != nil {
+				return addr, net.JoinHostPort(m[1], m[2])
+			}
 		}
-		if !strings.Contains(info, "role:master") {
-			continue
+		if time.Now().After(deadline) {
+			t.Fatal("no master with an online replica")
 		}
-		if m := replicaLine.FindStringSubmatch(info); m != nil {
-			return addr, net.JoinHostPort(m[1], m[2])
-		}
+		time.Sleep(50 * time.Millisecond) // polling the nodes
 	}
-	t.Fatal("no master with an online replica")
-	return "", ""
 }
 
 var replicaLine = regexp.MustCompile(`slave0:ip=([^,]+),port=(\d+),state=online`)
