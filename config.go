@@ -88,7 +88,7 @@ func DefaultOutcome(status int) Outcome {
 // Config configures an Executor or a Middleware. A nil *Config means every
 // default, and so does each zero field. The fields, by what they govern:
 //
-//   - records: Lease, TTL, Wait, RetryAfter, OutcomeFunc;
+//   - records: Lease, TTL, Wait, RetryAfter, ClaimInTx, OutcomeFunc;
 //   - the store and the clock: StoreTimeout, NowFunc;
 //   - observability: Observer, Logger;
 //   - which requests need a key, and how they are identified (Middleware
@@ -136,6 +136,33 @@ type Config struct {
 	// cannot cancel the recording of work that was done. Defaults to 5
 	// seconds.
 	StoreTimeout time.Duration
+
+	// ClaimInTx claims a new key inside the operation's transaction, so
+	// that the claim, the operation's writes and the stored response
+	// commit once, together (one commit per first execution instead of
+	// two). It needs a store that implements TxClaimer (sqlitestore,
+	// pgstore); NewExecutor and NewMiddleware refuse it otherwise.
+	//
+	// Use it only for operations whose effects are all written through
+	// the execution's transaction (TxFromContext), and that are short:
+	//
+	//   - the transaction is open for the whole operation, from the claim
+	//     on (on SQLite it holds the file's only write lock);
+	//   - a duplicate cannot see an uncommitted claim: it waits for the
+	//     transaction up to a bound of the store's (then 409), or replays
+	//     what it committed, so the 409 window of a slow operation is
+	//     shorter than with separate claims;
+	//   - Step is refused (ErrStepsUnsupported) while the claim is not
+	//     committed: a recovery point would commit it without a lease
+	//     renewal running;
+	//   - an effect outside the transaction (a call to another service)
+	//     could happen twice: the claim that guards it is invisible until
+	//     the commit.
+	//
+	// A key whose record is taken over after an expired lease is claimed
+	// as without ClaimInTx. Defaults to false: each claim commits on its
+	// own, before the operation runs.
+	ClaimInTx bool
 
 	// OutcomeFunc decides, from the response status, whether a finished
 	// operation is stored or released. Defaults to DefaultOutcome.

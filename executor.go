@@ -47,6 +47,8 @@ var (
 type Executor struct {
 	store   Store
 	txStore TxStore
+	// claimer is the store's TxClaimer when Config.ClaimInTx is set.
+	claimer TxClaimer
 	watcher Watcher
 	phases  PhaseObserver // Config.Observer, if it traces phases
 	cfg     Config
@@ -76,6 +78,11 @@ func NewExecutor(store Store, cfg *Config) (*Executor, error) {
 	}
 	e := &Executor{store: store, cfg: rc, tokenPrefix: crand.Text() + "-"}
 	e.txStore, _ = store.(TxStore)
+	if rc.ClaimInTx {
+		if e.claimer, _ = store.(TxClaimer); e.claimer == nil {
+			return nil, fmt.Errorf("idem: Config.ClaimInTx needs a store that implements TxClaimer (sqlitestore, pgstore), not %T", store)
+		}
+	}
 	e.phases, _ = rc.Observer.(PhaseObserver)
 	e.watcher, _ = store.(Watcher)
 	return e, nil
@@ -175,14 +182,23 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 	}()
 	for {
 		cp.Now = e.cfg.NowFunc()
-		cr, err := e.claim(ctx, &p, cp)
+		var (
+			cr  ClaimResult
+			err error
+			tx  *txHolder
+		)
+		if e.claimer != nil {
+			cr, tx, err = e.claimTx(ctx, &p, cp)
+		} else {
+			cr, err = e.claim(ctx, &p, cp)
+		}
 		if err != nil {
 			return res, e.storeFailure(ctx, p, start, "claim", err)
 		}
 		res.ExpiresAt = cr.Record.ExpiresAt
 		switch cr.Outcome {
 		case ClaimAcquired:
-			return e.execute(ctx, p, cp, cr, op, res, start)
+			return e.execute(ctx, p, cp, cr, tx, op, res, start)
 
 		case ClaimCompleted:
 			return res, e.replay(ctx, p, cr.Record.Response, res, start)
@@ -255,6 +271,39 @@ func (e *Executor) claim(ctx context.Context, p *DoParams, cp ClaimParams) (Clai
 	return cr, err
 }
 
+// claimTx calls TxClaimer.ClaimTx within StoreTimeout. On ClaimAcquired
+// with a transaction, it returns the transaction in a holder for the
+// execution; the transaction's context is not the request's (work that
+// was done is recorded even if the client has gone), and it is cancelled
+// only if ClaimTx outlives StoreTimeout, or once the transaction ended.
+func (e *Executor) claimTx(ctx context.Context, p *DoParams, cp ClaimParams) (ClaimResult, *txHolder, error) {
+	pctx, end := e.phase(ctx, PhaseClaim, p)
+	h := &txHolder{store: e.claimer, ctx: context.WithoutCancel(pctx), timeout: e.cfg.StoreTimeout}
+	var (
+		cr ClaimResult
+		tx StoreTx
+	)
+	err := h.run(func(ctx context.Context) (err error) {
+		cr, tx, err = e.claimer.ClaimTx(ctx, cp)
+		return err
+	}, func() StoreTx { t := tx; tx = nil; return t }) // run rolls back what it takes
+	end(err)
+	if tx == nil {
+		h.end()
+		return cr, nil, err
+	}
+	if err == nil && (cr.Outcome != ClaimAcquired || cr.TookOver) {
+		err = fmt.Errorf("ClaimTx answered %v (took over: %v) with an open transaction", cr.Outcome, cr.TookOver)
+	}
+	if err != nil {
+		e.rollback(h.ctx, tx)
+		h.end()
+		return cr, nil, err
+	}
+	h.tx, h.claimed = tx, true
+	return cr, h, nil
+}
+
 func (e *Executor) storeFailure(ctx context.Context, p DoParams, start time.Time, op string, err error) error {
 	err = fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
 	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store failed", slog.String("operation", p.Operation),
@@ -279,8 +328,11 @@ type execution struct {
 	tookOver bool
 	info     RequestInfo // what InfoFromContext returns
 	tx       *txHolder   // nil unless the store is a TxStore
-	rn       renewer
-	steps    stepRun // the recovery points of a multi-step operation (steps.go)
+	// claimed reports that the claim is uncommitted, in tx's transaction
+	// (Config.ClaimInTx): ending the transaction ends the record.
+	claimed bool
+	rn      renewer
+	steps   stepRun // the recovery points of a multi-step operation (steps.go)
 }
 
 // execKey is the context key of the *execution an operation runs in.
@@ -291,7 +343,11 @@ var errPanicked = errors.New("idem: the operation panicked")
 
 // execute runs op under the claim it owns, renewing the lease meanwhile,
 // and then records the outcome.
-func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr ClaimResult, op Operation, res *Result, start time.Time) (*Result, error) {
+//
+// claimed, if not nil, holds the transaction ClaimTx wrote the claim in:
+// the operation runs in it, and no lease renewal runs, since nobody can take
+// an uncommitted claim over.
+func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr ClaimResult, claimed *txHolder, op Operation, res *Result, start time.Time) (*Result, error) {
 	res.TookOver = cr.TookOver
 	if cr.TookOver {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: took over a record whose lease had expired",
@@ -310,13 +366,18 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 		info: RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload,
 			Fence: cr.Record.Fence},
 	}
-	if e.txStore != nil {
+	switch {
+	case claimed != nil:
+		x.tx, x.claimed = claimed, true
+	case e.txStore != nil:
 		x.tx = &txHolder{store: e.txStore, ctx: detached, timeout: e.cfg.StoreTimeout}
 	}
 	x.steps.init(e, cp, x.tx, cr.Record.Checkpoint)
 	opCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	e.startRenewer(&x.rn, detached, x, cp, cancel)
+	if !x.claimed {
+		e.startRenewer(&x.rn, detached, x, cp, cancel)
+	}
 
 	// If op panics, the deferred function records the outcome (the key is
 	// released) and the panic then continues from op's own frame.
@@ -436,6 +497,10 @@ func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams,
 func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error {
 	if tx != nil {
 		e.rollback(ctx, tx)
+	}
+	if x.claimed {
+		// The claim was in the transaction: nothing of it remains.
+		return nil
 	}
 	pctx, end := e.phase(ctx, PhaseRelease, &x.p)
 	sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
@@ -593,7 +658,9 @@ func (r *renewer) stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stopped = true
-	r.timer.Stop()
+	if r.timer != nil { // nil when no renewal ran (an uncommitted claim)
+		r.timer.Stop()
+	}
 	if r.inflight != nil {
 		r.inflight()
 	}
@@ -620,6 +687,9 @@ type txHolder struct {
 	err    error
 	closed bool
 	cancel context.CancelCauseFunc // ends the context the transaction began with
+	// claimed reports that tx holds the execution's uncommitted claim
+	// (ClaimTx): it cannot be replaced by a new transaction.
+	claimed bool
 }
 
 func (h *txHolder) get() (StoreTx, error) {
@@ -634,29 +704,45 @@ func (h *txHolder) get() (StoreTx, error) {
 	return h.tx, h.err
 }
 
-// begin calls BeginTx within the store timeout. The context a transaction
-// begins with must outlive the call (database/sql rolls the transaction back
-// when it ends), so it is not a context with a deadline: a timer cancels it
-// only if BeginTx has not returned in time, and end cancels it after the
-// transaction is over.
+// begin calls BeginTx within the store timeout.
 func (h *txHolder) begin() (StoreTx, error) {
+	var tx StoreTx
+	err := h.run(func(ctx context.Context) (err error) {
+		tx, err = h.store.BeginTx(ctx)
+		return err
+	}, func() StoreTx { return tx })
+	if err != nil {
+		return nil, fmt.Errorf("%w: begin: %w", ErrStoreUnavailable, err)
+	}
+	return tx, nil
+}
+
+// run calls start (BeginTx or ClaimTx) within the store timeout, and keeps
+// the context the transaction began with, which must outlive the call
+// (database/sql rolls a transaction back when its context ends): it is not
+// a context with a deadline, but one that a timer cancels only if start
+// has not returned in time, and that end cancels after the transaction is
+// over. started returns the transaction start opened, if any.
+func (h *txHolder) run(start func(context.Context) error, started func() StoreTx) error {
 	ctx, cancel := context.WithCancelCause(h.ctx)
 	timer := time.AfterFunc(h.timeout, func() { cancel(context.DeadlineExceeded) })
-	tx, err := h.store.BeginTx(ctx)
+	err := start(ctx)
 	if !timer.Stop() && err == nil {
-		// The timeout fired as BeginTx returned: the transaction is
-		// already ending.
-		rctx, rcancel := context.WithTimeout(h.ctx, h.timeout)
-		_ = tx.Rollback(rctx)
-		rcancel()
-		tx, err = nil, context.DeadlineExceeded
+		if tx := started(); tx != nil {
+			// The timeout fired as start returned: the transaction it
+			// opened is already ending.
+			rctx, rcancel := context.WithTimeout(h.ctx, h.timeout)
+			_ = tx.Rollback(rctx)
+			rcancel()
+			err = context.DeadlineExceeded
+		}
 	}
 	if err != nil {
 		cancel(nil)
-		return nil, fmt.Errorf("%w: begin: %w", ErrStoreUnavailable, err)
+		return err
 	}
 	h.cancel = cancel
-	return tx, nil
+	return nil
 }
 
 // close returns the transaction, if one was begun, and refuses to begin

@@ -146,6 +146,9 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte
 	if r == nil || r.ss == nil {
 		return nil, ErrStepsUnsupported
 	}
+	if r.holder != nil && r.holder.claimed {
+		return nil, fmt.Errorf("%w: the claim is not committed yet (Config.ClaimInTx), and a recovery point would commit it", ErrStepsUnsupported)
+	}
 	if name == "" {
 		return nil, errors.New("idem: a step needs a name")
 	}

@@ -9,8 +9,9 @@ import (
 
 // This file is the store author's API: the Store interface, its parameter
 // and result types, its sentinel errors and its optional capabilities
-// (TxStore, StoreTx, TxRenewer, Watcher, StepStore, CheckpointTx). An application that only uses idem
-// never needs these names. How stable they are is stated under "For store
+// (TxStore, StoreTx, TxClaimer, TxRenewer, Watcher, StepStore,
+// CheckpointTx). An application that only uses idem never needs these
+// names. How stable they are is stated under "For store
 // authors" in the package documentation (doc.go).
 
 // Store errors. Stores return them, possibly wrapped, and callers test them
@@ -258,6 +259,39 @@ type StoreTx interface {
 	// Native returns the backend's transaction handle (*sql.Tx, pgx.Tx),
 	// which the store's package exposes with its own typed accessor.
 	Native() any
+}
+
+// TxClaimer is an optional TxStore capability, used with Config.ClaimInTx:
+// the claim of a new key is written inside the transaction that then holds
+// the operation's writes and its stored response, so that a first
+// execution commits once instead of twice (sqlitestore, pgstore).
+type TxClaimer interface {
+	TxStore
+
+	// ClaimTx answers as Claim does, except when the claim must insert a
+	// record (the key is absent, or its record expired): it then begins a
+	// transaction, writes the in-flight record owned by p.Token in it and
+	// returns ClaimAcquired with that transaction open. The caller runs
+	// the operation in it and ends it with StoreTx.Complete and Commit,
+	// or with Rollback, which leaves the key as it was before the claim.
+	//
+	// Until the transaction ends no other claim sees the record: a
+	// concurrent claim of the same key waits for it at most a bound the
+	// store documents, and then answers ClaimInFlight, or answers from
+	// what the transaction committed. Nobody can take an uncommitted claim
+	// over, so the record needs no lease renewal while the transaction is
+	// open; a crash rolls the claim back with everything else.
+	//
+	// A take-over of an in-flight record whose lease expired commits as
+	// Claim does and returns ClaimAcquired with TookOver and a nil
+	// StoreTx: the new owner may resume a multi-step operation, which
+	// needs a committed claim. Every outcome other than ClaimAcquired, and
+	// every error, returns a nil StoreTx.
+	//
+	// The transaction is bound to ctx as BeginTx's is: the core passes a
+	// context that outlives the transaction, and cancels it if ClaimTx has
+	// not returned within Config.StoreTimeout.
+	ClaimTx(ctx context.Context, p ClaimParams) (ClaimResult, StoreTx, error)
 }
 
 // TxRenewer is implemented by a StoreTx that must renew the lease through

@@ -86,7 +86,19 @@ type Config struct {
 	// as cheap as a read; the answers are the same either way. Defaults
 	// to false.
 	ReadFirst bool
+
+	// ClaimTxWait bounds how long ClaimTx (idem.Config.ClaimInTx) waits
+	// for another transaction's uncommitted claim of the same key: if
+	// that transaction commits within it, the claim answers from what it
+	// committed (a replay, usually); otherwise it answers
+	// idem.ClaimInFlight (409), without holding a connection longer. It
+	// is the claim statement's lock_timeout. At least a millisecond.
+	// Defaults to 100 milliseconds.
+	ClaimTxWait time.Duration
 }
+
+// DefaultClaimTxWait is Config.ClaimTxWait's default.
+const DefaultClaimTxWait = 100 * time.Millisecond
 
 // Store is an idem.Store on PostgreSQL, shared by every instance of a
 // service that uses the same database, schema and table. It also implements
@@ -117,12 +129,16 @@ type Store struct {
 	readFirst                                bool
 	saveCheckpointSQL, endLeaseSQL, stuckSQL string
 	asyncClaim                               bool
+	// claimTxSQL is the claim statement of ClaimTx; claimTxWait its
+	// lock_timeout, as PostgreSQL reads it ("100ms").
+	claimTxSQL, claimTxWait string
 }
 
 var (
 	_ idem.Store     = (*Store)(nil)
 	_ idem.TxStore   = (*Store)(nil)
 	_ idem.StepStore = (*Store)(nil)
+	_ idem.TxClaimer = (*Store)(nil)
 )
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -173,17 +189,24 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 	if c.MaxResponseBytes < 0 {
 		return nil, false, errors.New("pgstore: MaxResponseBytes is negative")
 	}
+	if c.ClaimTxWait == 0 {
+		c.ClaimTxWait = DefaultClaimTxWait
+	}
+	if c.ClaimTxWait < time.Millisecond {
+		return nil, false, fmt.Errorf("pgstore: ClaimTxWait %v is shorter than a millisecond", c.ClaimTxWait)
+	}
 
 	s := &Store{
-		pool:       pool,
-		maxBody:    c.MaxResponseBytes,
-		schemaName: c.Schema,
-		tableName:  c.Table,
-		schema:     pgx.Identifier{c.Schema}.Sanitize(),
-		table:      pgx.Identifier{c.Schema, c.Table}.Sanitize(),
-		migrations: pgx.Identifier{c.Schema, migrationsTable}.Sanitize(),
-		asyncClaim: c.AsyncClaim,
-		readFirst:  c.ReadFirst,
+		pool:        pool,
+		maxBody:     c.MaxResponseBytes,
+		schemaName:  c.Schema,
+		tableName:   c.Table,
+		schema:      pgx.Identifier{c.Schema}.Sanitize(),
+		table:       pgx.Identifier{c.Schema, c.Table}.Sanitize(),
+		migrations:  pgx.Identifier{c.Schema, migrationsTable}.Sanitize(),
+		asyncClaim:  c.AsyncClaim,
+		readFirst:   c.ReadFirst,
+		claimTxWait: fmt.Sprintf("%dms", c.ClaimTxWait.Milliseconds()),
 	}
 	r := strings.NewReplacer(
 		"{schema}", s.schema,
@@ -207,7 +230,6 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 // and current also inside a long transaction (CompleteTx), where now()
 // would be the transaction's start.
 func (s *Store) prepareSQL() {
-	t := s.table
 	// With AsyncClaim the claim's own transaction (the statement) commits
 	// with synchronous_commit off: set_config(..., true) lasts until the
 	// end of the transaction, and the commit reads it. It is evaluated only
@@ -217,6 +239,20 @@ func (s *Store) prepareSQL() {
 		asyncClaim = `
 	  AND set_config('synchronous_commit', 'off', true) = 'off'`
 	}
+	s.claimSQL = s.claimStatement(asyncClaim)
+	// ClaimTx's claim waits for another transaction's uncommitted claim
+	// of the key at most lock_timeout ($7), set for the transaction before
+	// the INSERT can wait. The claim's transaction commits synchronously,
+	// with the operation's writes.
+	s.claimTxSQL = s.claimStatement(`
+	  AND set_config('lock_timeout', $7, true) IS NOT NULL`)
+	s.prepareRest()
+}
+
+// claimStatement is the claim statement, with extra added to the
+// condition under which it inserts (evaluated only when it writes).
+func (s *Store) claimStatement(extra string) string {
+	t := s.table
 	// Claim is one statement and, in the normal case, one round trip.
 	//
 	// cur reads the live (unexpired) record. If it exists and must not be
@@ -238,7 +274,7 @@ func (s *Store) prepareSQL() {
 	// statement's snapshot was taken: Claim runs the statement again, and
 	// the new snapshot sees it. That costs a second round trip only in
 	// that race.
-	s.claimSQL = `WITH cur AS (
+	return `WITH cur AS (
 	SELECT fingerprint,
 	       response IS NOT NULL AS completed,
 	       CASE WHEN fingerprint = $3 THEN response END AS response,
@@ -253,7 +289,7 @@ func (s *Store) prepareSQL() {
 	       nextval('` + s.fenceSeq() + `'::regclass)
 	WHERE NOT EXISTS (
 		SELECT 1 FROM cur
-		WHERE cur.fingerprint <> $3 OR cur.completed OR cur.lease_live)` + asyncClaim + `
+		WHERE cur.fingerprint <> $3 OR cur.completed OR cur.lease_live)` + extra + `
 	ON CONFLICT (scope, key) DO UPDATE SET
 		fingerprint = excluded.fingerprint,
 		token = excluded.token,
@@ -272,7 +308,10 @@ SELECT true, ins.attempt, $3, false, NULL::bytea, ins.lease_expires_at, true, in
 UNION ALL
 SELECT false, 0, cur.fingerprint, cur.completed, cur.response, cur.lease_expires_at, cur.lease_live, cur.expires_at, 0::bigint, NULL::bytea
 FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
+}
 
+func (s *Store) prepareRest() {
+	t := s.table
 	s.readSQL = `SELECT fingerprint, response IS NOT NULL, CASE WHEN fingerprint = $3 THEN response END,
 	       lease_expires_at, coalesce(lease_expires_at > statement_timestamp(), false), expires_at
 FROM ` + t + `
@@ -321,11 +360,8 @@ WHERE r.scope = d.scope AND r.key = d.key`
 // Claim implements idem.Store. It commits in its own short transaction, so
 // a duplicate sees the record in flight at once. It ignores p.Now.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
-	if p.Lease <= 0 || p.TTL <= 0 {
-		return idem.ClaimResult{}, errors.New("pgstore: claim needs a positive lease and TTL")
-	}
-	if len(p.Scope)+len(p.Key) > maxIDBytes {
-		return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: scope and key are %d bytes, the limit is %d", len(p.Scope)+len(p.Key), maxIDBytes)
+	if err := checkClaim(p); err != nil {
+		return idem.ClaimResult{}, err
 	}
 	if s.readFirst {
 		r, ok, err := s.readOnce(ctx, p)
@@ -354,9 +390,24 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
 }
 
+func checkClaim(p idem.ClaimParams) error {
+	if p.Lease <= 0 || p.TTL <= 0 {
+		return errors.New("pgstore: claim needs a positive lease and TTL")
+	}
+	if len(p.Scope)+len(p.Key) > maxIDBytes {
+		return fmt.Errorf("pgstore: claim: scope and key are %d bytes, the limit is %d", len(p.Scope)+len(p.Key), maxIDBytes)
+	}
+	return nil
+}
+
 // claimOnce runs the claim statement once. ok is false when the statement's
 // snapshot missed a concurrent change and it must run again.
-func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, ok bool, err error) {
+func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, bool, error) {
+	return claimResult(p, s.pool.QueryRow(ctx, s.claimSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL))
+}
+
+// claimResult reads the claim statement's row.
+func claimResult(p idem.ClaimParams, row pgx.Row) (res idem.ClaimResult, ok bool, err error) {
 	var (
 		acquired, completed, leaseLive bool
 		attempt                        int32
@@ -367,8 +418,7 @@ func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (res idem.Cla
 		fence                          int64
 		checkpoint                     []byte
 	)
-	err = s.pool.QueryRow(ctx, s.claimSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL).
-		Scan(&acquired, &attempt, &fingerprint, &completed, &body, &leaseEnd, &leaseLive, &expiresAt, &fence, &checkpoint)
+	err = row.Scan(&acquired, &attempt, &fingerprint, &completed, &body, &leaseEnd, &leaseLive, &expiresAt, &fence, &checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return res, false, nil
 	}

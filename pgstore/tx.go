@@ -109,3 +109,83 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	}
 	return t.tx, nil
 }
+
+// ClaimTx implements idem.TxClaimer (idem.Config.ClaimInTx). With
+// ReadFirst, duplicates are answered by the read, as in Claim. A new key is
+// claimed by the claim statement inside a transaction that stays open for
+// the operation's writes; the claim, the writes and the stored response
+// then commit together, synchronously (AsyncClaim does not apply).
+//
+// A concurrent claim of the same key meets the uncommitted row: ClaimTx
+// waits for it at most ClaimTxWait (the statement's lock_timeout) and then
+// answers idem.ClaimInFlight; Claim waits within its context's deadline.
+// The operation's own statements run with the session's default
+// lock_timeout. A take-over of an abandoned record commits at once, as in
+// Claim, and returns no transaction.
+func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
+	if err := checkClaim(p); err != nil {
+		return idem.ClaimResult{}, nil, err
+	}
+	if s.readFirst {
+		r, ok, err := s.readOnce(ctx, p)
+		if err != nil {
+			return idem.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: %w", err)
+		}
+		if ok {
+			return r, nil, nil
+		}
+	}
+	for range claimAttempts {
+		r, tx, ok, err := s.claimTxOnce(ctx, p)
+		switch {
+		case sqlState(err) == "55P03":
+			// lock_not_available: another transaction holds an
+			// uncommitted claim of the key.
+			return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: idem.Record{State: idem.StateInFlight}}, nil, nil
+		case sqlState(err) == "40001" && ctx.Err() == nil:
+			continue
+		case err != nil:
+			return idem.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: %w", err)
+		case ok:
+			return r, tx, nil
+		}
+	}
+	return idem.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
+}
+
+// claimTxOnce begins a transaction and runs ClaimTx's claim statement in
+// it, with the statement that restores lock_timeout in the same round
+// trip. It returns the transaction open only for a new record.
+func (s *Store) claimTxOnce(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, open idem.StoreTx, ok bool, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return res, nil, false, err
+	}
+	defer func() {
+		if open == nil {
+			// A rollback that fails leaves pgx to close the connection.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	b := &pgx.Batch{}
+	b.Queue(s.claimTxSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait)
+	b.Queue(`SET LOCAL lock_timeout TO DEFAULT`)
+	br := tx.SendBatch(ctx, b)
+	res, ok, err = claimResult(p, br.QueryRow())
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || !ok || res.Outcome != idem.ClaimAcquired {
+		return res, nil, ok, err
+	}
+	if res.TookOver {
+		if err := tx.Commit(ctx); err != nil {
+			return idem.ClaimResult{}, nil, false, err
+		}
+		return res, nil, true, nil
+	}
+	return res, &storeTx{s: s, tx: tx}, true, nil
+}

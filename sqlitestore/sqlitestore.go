@@ -103,6 +103,7 @@ var (
 	_ idem.TxRenewer = (*storeTx)(nil)
 
 	_ idem.StepStore    = (*Store)(nil)
+	_ idem.TxClaimer    = (*Store)(nil)
 	_ idem.CheckpointTx = (*storeTx)(nil)
 )
 
@@ -447,7 +448,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		wctx, cancel = context.WithTimeout(ctx, takeOverWait)
 		defer cancel()
 	}
-	res, err := s.claimLocked(wctx, p, now)
+	res, _, err := s.claimLocked(wctx, p, now, false)
 	if err != nil {
 		if takeOver && ctx.Err() == nil && wctx.Err() != nil {
 			// Nothing was taken over (or, if the commit raced the
@@ -472,46 +473,90 @@ const takeOverWait = 100 * time.Millisecond
 // write lock. The upsert inserts an absent key or replaces an expired
 // record in one statement; only if a live record is there is it read, to
 // answer or to take it over.
-func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64) (idem.ClaimResult, error) {
+//
+// With keepOpen, a claim that inserted a record returns its transaction
+// uncommitted (ClaimTx); a take-over commits as without it.
+func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, keepOpen bool) (res idem.ClaimResult, open *sql.Tx, err error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
-		return idem.ClaimResult{}, err
+		return res, nil, err
 	}
-	defer tx.Rollback()
+	defer func() {
+		if open == nil {
+			tx.Rollback()
+		}
+	}()
 	lease, expires := p.Now.Add(p.Lease).UnixNano(), p.Now.Add(p.TTL).UnixNano()
-	res := idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{
+	res = idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{
 		State: idem.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
 	}}
 	if err := tx.StmtContext(ctx, s.st.nextFence).QueryRowContext(ctx).Scan(&res.Record.Fence); err != nil {
-		return idem.ClaimResult{}, fmt.Errorf("fence: %w", err)
+		return idem.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
 	}
 	n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
 	if err != nil {
-		return idem.ClaimResult{}, err
+		return idem.ClaimResult{}, nil, err
+	}
+	if n == 1 && keepOpen {
+		return res, tx, nil
 	}
 	if n != 1 {
 		r, found, err := get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key)
 		if err != nil {
-			return idem.ClaimResult{}, err
+			return idem.ClaimResult{}, nil, err
 		}
 		if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
-			return res, err
+			return res, nil, err
 		}
 		// An in-flight record with the same fingerprint whose lease ended.
 		err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now).
 			Scan(&res.Record.Checkpoint)
 		if errors.Is(err, sql.ErrNoRows) {
-			return idem.ClaimResult{}, errors.New("take-over changed no row under the write lock")
+			return idem.ClaimResult{}, nil, errors.New("take-over changed no row under the write lock")
 		}
 		if err != nil {
-			return idem.ClaimResult{}, err
+			return idem.ClaimResult{}, nil, err
 		}
 		res.TookOver = true
 	}
 	if err := tx.Commit(); err != nil {
-		return idem.ClaimResult{}, err
+		return idem.ClaimResult{}, nil, err
 	}
-	return res, nil
+	return res, nil, nil
+}
+
+// ClaimTx implements idem.TxClaimer (Config.ClaimInTx). Duplicates are
+// answered by a read, as in Claim. A new key is claimed in an immediate
+// transaction that stays open, holding the file's write lock, for the
+// operation's writes: a concurrent claim of the same key waits for the
+// write lock, as every writer does, within its context's deadline
+// (idem.Config.StoreTimeout), and then answers from what the transaction
+// committed. A take-over of an abandoned record commits on its own, as in
+// Claim.
+func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
+	if p.Lease <= 0 || p.TTL <= 0 {
+		return idem.ClaimResult{}, nil, errors.New("sqlitestore: claim needs a positive lease and TTL")
+	}
+	now := p.Now.UnixNano()
+	r, found, err := get(ctx, s.st.getRead, p.Scope, p.Key)
+	if err != nil {
+		return idem.ClaimResult{}, nil, fmt.Errorf("sqlitestore: claim: %w", err)
+	}
+	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
+		return res, nil, err
+	}
+	if found && now < r.expiresAt {
+		res, err := s.Claim(ctx, p)
+		return res, nil, err
+	}
+	res, tx, err := s.claimLocked(ctx, p, now, true)
+	if err != nil {
+		return idem.ClaimResult{}, nil, fmt.Errorf("sqlitestore: claim: %w", err)
+	}
+	if tx == nil {
+		return res, nil, nil
+	}
+	return res, &storeTx{s: s, tx: tx}, nil
 }
 
 func execRows(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {

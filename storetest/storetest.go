@@ -12,7 +12,7 @@
 // isolate it from every other (a t.TempDir database, a schema or a key
 // prefix per call; never a flush of shared state). The suite checks each
 // rule of the idem.Store contract, the optional capabilities the store
-// implements (idem.TxStore, idem.Watcher, idem.StepStore), the fencing
+// implements (idem.TxStore, idem.TxClaimer, idem.Watcher, idem.StepStore), the fencing
 // token, and that every sentinel error is returned where the contract names
 // it, with errors.Is.
 //
@@ -82,6 +82,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Concurrency", func(t *testing.T) { t.Parallel(); testConcurrency(t, h) })
 	t.Run("Response", func(t *testing.T) { t.Parallel(); testResponse(t, h) })
 	t.Run("Tx", func(t *testing.T) { t.Parallel(); testTx(t, h) })
+	t.Run("ClaimTx", func(t *testing.T) { t.Parallel(); testClaimTx(t, h) })
 	t.Run("Watch", func(t *testing.T) { t.Parallel(); testWatch(t, h) })
 	t.Run("Fence", func(t *testing.T) { t.Parallel(); testFence(t, h) })
 	t.Run("Steps", func(t *testing.T) { t.Parallel(); testSteps(t, h) })

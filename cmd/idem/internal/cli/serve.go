@@ -37,6 +37,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
 	encKeys := f.encryptionFlag()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
+	claimInTx := f.Bool("claim-in-tx", true, "claim a new key inside the payment's transaction, so that a first\nexecution commits once (records in --db only; not with --op-delay or\n--provider, whose operations run outside the database)")
 	ef := f.eventsFlags()
 	pf := f.providerFlags()
 	if code, ok := f.parse(args); !ok {
@@ -178,6 +179,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Logger:            logger,
 		Encryption:        enc,
 		DeriveKeySecret:   secret,
+		// A payment's effects are all in the database transaction: the
+		// claim can be in it too. --op-delay stands for slow work outside
+		// the database (and shows the in-flight 409), and the provider
+		// flow calls another service between its steps: both keep claims
+		// that commit on their own.
+		ClaimInTx: *claimInTx && sameDB && *opDelay == 0 && psvc == nil,
 	}
 	mw, err := idem.NewMiddleware(mwStore, idemCfg)
 	if err != nil {
@@ -232,7 +239,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		where = fmt.Sprintf("payments and idempotency records in %s, committed in one transaction", dbStore.Where)
 	}
 	logger.Info("idem serve listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String(),
-		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, encAttr, "provider", *pf.url)
+		"data", where, "lease", *lease, "ttl", *ttl, "op_delay", *opDelay, "claim_in_tx", idemCfg.ClaimInTx, encAttr, "provider", *pf.url)
 
 	cctx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
