@@ -2,6 +2,8 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -56,4 +58,78 @@ func TestClaimTxWaitValidated(t *testing.T) {
 	if _, err := pgstore.New(t.Context(), f.pool, &pgstore.Config{Schema: f.schema, ClaimTxWait: time.Microsecond}); err == nil {
 		t.Error("New accepted a ClaimTxWait under a millisecond")
 	}
+}
+
+// ClaimTx's transactions return their connection to the pool when they end,
+// committed with the completion in one round trip or rolled back, without
+// closing it (a closed connection would cost a reconnect per request).
+func TestClaimTxReusesConnections(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	pool, err := openPool(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := pgstore.New(t.Context(), pool, &pgstore.Config{Schema: f.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := &idem.Response{StatusCode: 201, Body: []byte(`{"ok":true}`)}
+	for i := range 40 {
+		p := claimParams("scope", fmt.Sprintf("reuse-%d", i))
+		_, tx, err := s.ClaimTx(t.Context(), p)
+		if err != nil || tx == nil {
+			t.Fatalf("ClaimTx: %v (tx %v)", err, tx != nil)
+		}
+		if i%2 == 0 {
+			if err := tx.Complete(t.Context(), idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp}); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(t.Context()); err != nil {
+				t.Fatalf("Commit: %v", err)
+			}
+			mustClaim(t, s, claimParams("scope", p.Key), idem.ClaimCompleted)
+		} else {
+			if err := tx.Rollback(t.Context()); err != nil {
+				t.Fatalf("Rollback: %v", err)
+			}
+		}
+	}
+	st := pool.Stat()
+	if st.AcquiredConns() != 0 {
+		t.Errorf("%d connections still acquired", st.AcquiredConns())
+	}
+	if n := st.NewConnsCount(); n > int64(st.MaxConns()) {
+		t.Errorf("%d connections opened for 40 sequential transactions: they are closed instead of reused", n)
+	}
+}
+
+// A completion deferred to Commit whose token does not own the record
+// commits nothing and reports ErrLeaseLost.
+func TestClaimTxCommitWithWrongTokenCommitsNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	p := claimParams("scope", "wrong-token")
+	_, tx, err := f.store.ClaimTx(t.Context(), p)
+	if err != nil || tx == nil {
+		t.Fatalf("ClaimTx: %v", err)
+	}
+	payments := businessTable(t, f)
+	if _, err := tx.Native().(pgx.Tx).Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 1)", p.Key); err != nil {
+		t.Fatal(err)
+	}
+	err = tx.Complete(t.Context(), idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: "not-the-owner", Response: &idem.Response{StatusCode: 201}})
+	if err == nil {
+		err = tx.Commit(t.Context())
+	}
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Complete+Commit with a wrong token: %v, want ErrLeaseLost", err)
+	}
+	_ = tx.Rollback(t.Context())
+	var n int
+	if err := f.pool.QueryRow(t.Context(), "SELECT count(*) FROM "+payments).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("business rows after a refused commit: %d (%v), want 0", n, err)
+	}
+	mustClaim(t, f.store, claimParams("scope", p.Key), idem.ClaimAcquired)
 }

@@ -516,15 +516,9 @@ type execer interface {
 }
 
 func (s *Store) complete(ctx context.Context, db execer, p idem.CompleteParams, op string) error {
-	if p.Response == nil {
-		return fmt.Errorf("pgstore: %s needs a response", op)
-	}
-	if len(p.Response.Body) > s.maxBody || p.Response.EncodedSize()-len(p.Response.Body) > maxHeaderBytes {
-		return fmt.Errorf("pgstore: %s: %d-byte body, limit %d: %w", op, len(p.Response.Body), s.maxBody, idem.ErrResponseTooLarge)
-	}
-	enc, err := p.Response.MarshalBinary()
+	enc, err := s.encodeResponse(p, op)
 	if err != nil {
-		return fmt.Errorf("pgstore: %s: %w", op, err)
+		return err
 	}
 	tag, err := db.Exec(ctx, s.completeSQL, p.Scope, p.Key, p.Token, enc)
 	if err != nil {
@@ -534,6 +528,21 @@ func (s *Store) complete(ctx context.Context, db execer, p idem.CompleteParams, 
 		return idem.ErrLeaseLost
 	}
 	return nil
+}
+
+// encodeResponse returns p's response as stored, or why it cannot be.
+func (s *Store) encodeResponse(p idem.CompleteParams, op string) ([]byte, error) {
+	if p.Response == nil {
+		return nil, fmt.Errorf("pgstore: %s needs a response", op)
+	}
+	if len(p.Response.Body) > s.maxBody || p.Response.EncodedSize()-len(p.Response.Body) > maxHeaderBytes {
+		return nil, fmt.Errorf("pgstore: %s: %d-byte body, limit %d: %w", op, len(p.Response.Body), s.maxBody, idem.ErrResponseTooLarge)
+	}
+	enc, err := p.Response.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+	return enc, nil
 }
 
 // Release implements idem.Store.

@@ -103,11 +103,13 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, ok := st.(*storeTx)
-	if !ok {
-		return nil, fmt.Errorf("pgstore: the execution's transaction is a %T, not a pgstore transaction", st)
+	switch t := st.(type) {
+	case *storeTx:
+		return t.tx, nil
+	case *claimedTx:
+		return t.tx, nil
 	}
-	return t.tx, nil
+	return nil, fmt.Errorf("pgstore: the execution's transaction is a %T, not a pgstore transaction", st)
 }
 
 // ClaimTx implements idem.TxClaimer (idem.Config.ClaimInTx). With
@@ -151,41 +153,4 @@ func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResu
 		}
 	}
 	return idem.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
-}
-
-// claimTxOnce begins a transaction and runs ClaimTx's claim statement in
-// it, with the statement that restores lock_timeout in the same round
-// trip. It returns the transaction open only for a new record.
-func (s *Store) claimTxOnce(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, open idem.StoreTx, ok bool, err error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return res, nil, false, err
-	}
-	defer func() {
-		if open == nil {
-			// A rollback that fails leaves pgx to close the connection.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	b := &pgx.Batch{}
-	b.Queue(s.claimTxSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait)
-	b.Queue(`SET LOCAL lock_timeout TO DEFAULT`)
-	br := tx.SendBatch(ctx, b)
-	res, ok, err = claimResult(p, br.QueryRow())
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil || !ok || res.Outcome != idem.ClaimAcquired {
-		return res, nil, ok, err
-	}
-	if res.TookOver {
-		if err := tx.Commit(ctx); err != nil {
-			return idem.ClaimResult{}, nil, false, err
-		}
-		return res, nil, true, nil
-	}
-	return res, &storeTx{s: s, tx: tx}, true, nil
 }
