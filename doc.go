@@ -121,7 +121,8 @@
 // sentinel errors ErrLeaseLost, ErrResponseTooLarge and ErrStoreFull.
 // Optional capabilities are separate interfaces the core finds by type
 // assertion: TxStore (with StoreTx, and TxRenewer for stores that
-// serialise writers) for transactional completion, Watcher for wait
+// serialise writers) for transactional completion, TxClaimer for claims
+// made inside the operation's transaction (Config.ClaimInTx), Watcher for wait
 // mode, StepStore (with CheckpointTx) for the recovery points of
 // multi-step operations, and Inspector (Get, List, Delete with ErrNotFound;
 // inspect.go) for the operator commands idem inspect, idem ls and idem

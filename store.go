@@ -282,6 +282,11 @@ type TxClaimer interface {
 	// over, so the record needs no lease renewal while the transaction is
 	// open; a crash rolls the claim back with everything else.
 	//
+	// A claim that rolls back leaves nothing behind, its fence included: a
+	// store may hand the same fence to a later claim of the key (sqlitestore
+	// draws it from a counter in the same transaction), which is safe only
+	// because the operation's effects rolled back with it.
+	//
 	// A take-over of an in-flight record whose lease expired commits as
 	// Claim does and returns ClaimAcquired with TookOver and a nil
 	// StoreTx: the new owner may resume a multi-step operation, which

@@ -42,45 +42,61 @@ func walCommits(t *testing.T, path string) int {
 	return commits
 }
 
-// On SQLite a first execution costs exactly two write transactions: the
-// claim, committed on its own so that duplicates see it at once, and one
-// transaction holding the payment, the record's completion and the stored
-// response. A replay, a 422 and an invalid payload write nothing.
-func TestSQLiteFirstExecutionIsTwoTransactions(t *testing.T) {
+// On SQLite a first execution of idem serve's payments costs exactly one
+// write transaction (--claim-in-tx, the default): the claim, the payment,
+// the record's completion and the stored response. With separate claims
+// (--claim-in-tx=false, or --op-delay, which stands for work outside the
+// database) it costs two: the claim, committed on its own so that
+// duplicates see it at once, then the rest. A replay, a 422 and an invalid
+// payload write nothing in either mode.
+func TestSQLiteFirstExecutionCommits(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "idem.db")
-	s := startServer(t, "sqlite-tx", "--db", path)
-	key := "tx-" + randomName(8)
-	body := paymentBody(990, "order-"+key)
-
-	steps := []struct {
-		name    string
-		body    string
-		status  int
-		commits int
+	for _, mode := range []struct {
+		name  string
+		flags []string
+		first int
 	}{
-		{"first execution", body, http.StatusCreated, 2},
-		{"replay", body, http.StatusCreated, 0},
-		{"another payload", paymentBody(991, "order-"+key), http.StatusUnprocessableEntity, 0},
-	}
-	for _, st := range steps {
-		before := walCommits(t, path)
-		r := mustPay(t, s, key, st.body)
-		if r.status != st.status {
-			t.Fatalf("%s: %v, want %d", st.name, r, st.status)
-		}
-		if got := walCommits(t, path) - before; got != st.commits {
-			t.Errorf("%s committed %d write transactions, want %d", st.name, got, st.commits)
-		}
-	}
-	before := walCommits(t, path)
-	if r := mustPay(t, s, "tx-invalid-"+randomName(8), `{"amountCents":0,"currency":"USD","reference":"x"}`); r.status != http.StatusBadRequest {
-		t.Fatalf("invalid payload: %v, want 400", r)
-	}
-	if got := walCommits(t, path) - before; got != 0 {
-		t.Errorf("an invalid payload committed %d write transactions, want 0 (validated before the claim)", got)
-	}
-	if n := sqliteCount(t, path); n != 1 {
-		t.Errorf("%d payments, want 1", n)
+		{"claim-in-tx", nil, 1},
+		{"separate-claim", []string{"--claim-in-tx=false"}, 2},
+		{"op-delay", []string{"--op-delay", "1ms"}, 2},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(t.TempDir(), "idem.db")
+			s := startServer(t, "sqlite-tx-"+mode.name, append([]string{"--db", path}, mode.flags...)...)
+			key := "tx-" + randomName(8)
+			body := paymentBody(990, "order-"+key)
+
+			steps := []struct {
+				name    string
+				body    string
+				status  int
+				commits int
+			}{
+				{"first execution", body, http.StatusCreated, mode.first},
+				{"replay", body, http.StatusCreated, 0},
+				{"another payload", paymentBody(991, "order-"+key), http.StatusUnprocessableEntity, 0},
+			}
+			for _, st := range steps {
+				before := walCommits(t, path)
+				r := mustPay(t, s, key, st.body)
+				if r.status != st.status {
+					t.Fatalf("%s: %v, want %d", st.name, r, st.status)
+				}
+				if got := walCommits(t, path) - before; got != st.commits {
+					t.Errorf("%s committed %d write transactions, want %d", st.name, got, st.commits)
+				}
+			}
+			before := walCommits(t, path)
+			if r := mustPay(t, s, "tx-invalid-"+randomName(8), `{"amountCents":0,"currency":"USD","reference":"x"}`); r.status != http.StatusBadRequest {
+				t.Fatalf("invalid payload: %v, want 400", r)
+			}
+			if got := walCommits(t, path) - before; got != 0 {
+				t.Errorf("an invalid payload committed %d write transactions, want 0 (validated before the claim)", got)
+			}
+			if n := sqliteCount(t, path); n != 1 {
+				t.Errorf("%d payments, want 1", n)
+			}
+		})
 	}
 }
