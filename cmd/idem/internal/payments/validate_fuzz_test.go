@@ -62,3 +62,60 @@ func FuzzValidate(f *testing.F) {
 		}
 	})
 }
+
+// FuzzValidateMatchesOld checks that Validate and Fingerprint, with their
+// fast path, answer every body exactly as the old implementation
+// (validateOld, fingerprintOld) does: the same normalised request, the
+// same problem, byte-identical fingerprints, which stored requests are
+// compared with.
+func FuzzValidateMatchesOld(f *testing.F) {
+	for _, body := range equivBodies {
+		f.Add([]byte(body))
+	}
+	typical := func(a, c, r string) string {
+		return `{"amountCents":` + a + `,"currency":` + c + `,"reference":` + r + `}`
+	}
+	for _, a := range equivAmounts {
+		f.Add([]byte(typical(a, `"USD"`, `"order-1001"`)))
+	}
+	for _, c := range equivCurrencies {
+		f.Add([]byte(typical(`2599`, c, `"order-1001"`)))
+	}
+	for _, r := range equivReferences {
+		f.Add([]byte(typical(`2599`, `"usd"`, r)))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkMatchesOld(t, nil, body)
+	})
+}
+
+// FuzzAppendJSONString checks the fingerprint's string encoder against
+// encoding/json's on any bytes.
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range []string{"order-1001", "<a&b>", "\u2028\u2029", "\x00\b\f\n\r\t\x1f\x7f", "\xff\xed\xa0\x80", "é\U0001F600"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, s []byte) {
+		checkJSONString(t, s)
+	})
+}
+
+// FuzzValidateFieldsMatchOld is FuzzValidateMatchesOld with the body built
+// from the JSON texts of its three members, so that the fuzzer mutates
+// values inside requests that are otherwise well formed: the fast path's
+// ground.
+func FuzzValidateFieldsMatchOld(f *testing.F) {
+	for i, a := range equivAmounts {
+		f.Add(a, equivCurrencies[i%len(equivCurrencies)], equivReferences[i%len(equivReferences)], i%2 == 0)
+	}
+	for i, r := range equivReferences {
+		f.Add(equivAmounts[i%len(equivAmounts)], equivCurrencies[i%len(equivCurrencies)], r, i%2 == 0)
+	}
+	f.Fuzz(func(t *testing.T, amount, currency, reference string, reorder bool) {
+		body := `{"amountCents":` + amount + `,"currency":` + currency + `,"reference":` + reference + `}`
+		if reorder {
+			body = "\n{ \"reference\" :\t" + reference + " ,\r\n \"currency\": " + currency + ",\"amountCents\" : " + amount + " }\n"
+		}
+		checkMatchesOld(t, nil, []byte(body))
+	})
+}
