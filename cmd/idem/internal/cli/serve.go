@@ -16,9 +16,11 @@ import (
 
 const serveAbout = `Runs the payments demo: a retry-safe payments API. POST /api/payments needs
 an Idempotency-Key; a retry replays the stored response byte for byte, a
-duplicate of a running request gets 409, a reused key with another payload
-gets 422. By default payments and idempotency records live in one SQLite file
-and commit in one transaction; nothing else needs to be installed.
+duplicate of a running request gets 409 (or waits for it and replays, when
+the claim is in the payment's transaction: --claim-in-tx), a reused key with
+another payload gets 422. By default payments and idempotency records live in
+one SQLite file and commit in one transaction, the key's claim included;
+nothing else needs to be installed.
 
 With --provider URL (see idem provider), each payment is made in three steps
 that survive crashes: a pending payment, a charge at the provider with a key
