@@ -328,12 +328,13 @@ type execution struct {
 	tookOver bool
 	info     RequestInfo // what InfoFromContext returns
 	tx       *txHolder   // nil unless the store is a TxStore
-	// claimed reports that the claim is uncommitted, in tx's transaction
-	// (Config.ClaimInTx): ending the transaction ends the record.
-	claimed bool
-	rn      renewer
-	steps   stepRun // the recovery points of a multi-step operation (steps.go)
+	rn       renewer
+	steps    stepRun // the recovery points of a multi-step operation (steps.go)
 }
+
+// claimed reports that the claim is uncommitted, in the transaction of
+// x.tx (Config.ClaimInTx): ending the transaction ends the record.
+func (x *execution) claimed() bool { return x.tx != nil && x.tx.claimed }
 
 // execKey is the context key of the *execution an operation runs in.
 type execKey struct{}
@@ -368,14 +369,14 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	}
 	switch {
 	case claimed != nil:
-		x.tx, x.claimed = claimed, true
+		x.tx = claimed
 	case e.txStore != nil:
 		x.tx = &txHolder{store: e.txStore, ctx: detached, timeout: e.cfg.StoreTimeout}
 	}
 	x.steps.init(e, cp, x.tx, cr.Record.Checkpoint)
 	opCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	if !x.claimed {
+	if !x.claimed() {
 		e.startRenewer(&x.rn, detached, x, cp, cancel)
 	}
 
@@ -498,7 +499,7 @@ func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error 
 	if tx != nil {
 		e.rollback(ctx, tx)
 	}
-	if x.claimed {
+	if x.claimed() {
 		// The claim was in the transaction: nothing of it remains.
 		return nil
 	}
