@@ -15,6 +15,40 @@ import (
 // (docs/BENCHMARKS.md): BEGIN travels in one batch with the claim
 // statement (pgx's Batch.BeginTx), and the completion with COMMIT.
 
+// ClaimTx implements idem.TxClaimer (idem.Config.ClaimInTx). With
+// ReadFirst, duplicates are answered by the read, as in Claim. A new key is
+// claimed by the claim statement inside a transaction that stays open for
+// the operation's writes; the claim, the writes and the stored response
+// then commit together, synchronously (AsyncClaim does not apply).
+//
+// A concurrent claim of the same key meets the uncommitted row: ClaimTx
+// waits for it at most ClaimTxWait (the statement's lock_timeout) and then
+// answers idem.ClaimInFlight; Claim waits within its context's deadline.
+// The operation's own statements run with the session's default
+// lock_timeout. A take-over of an abandoned record commits at once, as in
+// Claim, and returns no transaction.
+func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
+	if r, ok, err := s.answerFirst(ctx, p); ok || err != nil {
+		return r, nil, err
+	}
+	for range claimAttempts {
+		r, tx, ok, err := s.claimTxOnce(ctx, p)
+		switch {
+		case sqlState(err) == "55P03":
+			// lock_not_available: another transaction holds an
+			// uncommitted claim of the key.
+			return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: idem.Record{State: idem.StateInFlight}}, nil, nil
+		case sqlState(err) == "40001" && ctx.Err() == nil:
+			continue
+		case err != nil:
+			return idem.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: %w", err)
+		case ok:
+			return r, tx, nil
+		}
+	}
+	return idem.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
+}
+
 // claimTxOnce acquires a connection and sends, in one round trip, BEGIN,
 // ClaimTx's claim statement and the statement that restores lock_timeout.
 // It returns the transaction open only for a new record.
@@ -81,14 +115,6 @@ func (t *claimedTx) release() {
 	}
 }
 
-// completeCheckedSQL completes the record, and fails the transaction (a
-// division by zero, SQLSTATE 22012) if the token does not own it, so that
-// the COMMIT sent after it in the same round trip rolls back instead.
-func (s *Store) completeCheckedSQL() string {
-	return `WITH done AS (` + s.completeSQL + ` RETURNING 1)
-SELECT 1 / (SELECT count(*) FROM done)`
-}
-
 // Complete implements idem.StoreTx. A token that no longer owns the
 // record is reported by Commit, with idem.ErrLeaseLost, having committed
 // nothing.
@@ -112,7 +138,7 @@ func (t *claimedTx) Commit(ctx context.Context) error {
 		return t.storeTx.Commit(ctx)
 	}
 	b := &pgx.Batch{}
-	b.Queue(t.s.completeCheckedSQL(), t.pending...)
+	b.Queue(t.s.completeCheckedSQL, t.pending...)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
 	_, cerr := br.Exec()

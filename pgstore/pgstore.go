@@ -130,8 +130,9 @@ type Store struct {
 	saveCheckpointSQL, endLeaseSQL, stuckSQL string
 	asyncClaim                               bool
 	// claimTxSQL is the claim statement of ClaimTx; claimTxWait its
-	// lock_timeout, as PostgreSQL reads it ("100ms").
-	claimTxSQL, claimTxWait string
+	// lock_timeout, as PostgreSQL reads it ("100ms"); completeCheckedSQL
+	// the completion sent with COMMIT (claimtx.go).
+	claimTxSQL, claimTxWait, completeCheckedSQL string
 }
 
 var (
@@ -323,6 +324,12 @@ WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
 	owned := ` WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > statement_timestamp()`
 	s.renewSQL = `UPDATE ` + t + ` SET lease_expires_at = statement_timestamp() + $4::interval` + owned
 	s.completeSQL = `UPDATE ` + t + ` SET response = $4, token = NULL, lease_expires_at = NULL` + owned
+	// The completion of a ClaimTx transaction, sent in one round trip with
+	// COMMIT: if the token does not own the record it fails (a division
+	// by zero, SQLSTATE 22012), so that the COMMIT behind it cannot
+	// commit.
+	s.completeCheckedSQL = `WITH done AS (` + s.completeSQL + ` RETURNING 1)
+SELECT 1 / (SELECT count(*) FROM done)`
 	s.releaseSQL = `DELETE FROM ` + t + owned
 	s.saveCheckpointSQL = `UPDATE ` + t + ` SET checkpoint = $4` + owned
 	s.endLeaseSQL = `UPDATE ` + t + ` SET checkpoint = $4, lease_expires_at = statement_timestamp()` + owned
@@ -360,17 +367,8 @@ WHERE r.scope = d.scope AND r.key = d.key`
 // Claim implements idem.Store. It commits in its own short transaction, so
 // a duplicate sees the record in flight at once. It ignores p.Now.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
-	if err := checkClaim(p); err != nil {
-		return idem.ClaimResult{}, err
-	}
-	if s.readFirst {
-		r, ok, err := s.readOnce(ctx, p)
-		if err != nil {
-			return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
-		}
-		if ok {
-			return r, nil
-		}
+	if r, ok, err := s.answerFirst(ctx, p); ok || err != nil {
+		return r, err
 	}
 	for range claimAttempts {
 		r, ok, err := s.claimOnce(ctx, p)
@@ -390,14 +388,23 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
 }
 
-func checkClaim(p idem.ClaimParams) error {
+// answerFirst is what Claim and ClaimTx do before their claim statement:
+// check the parameters and, with ReadFirst, answer a duplicate from the
+// read. ok reports that r is the answer.
+func (s *Store) answerFirst(ctx context.Context, p idem.ClaimParams) (r idem.ClaimResult, ok bool, err error) {
 	if p.Lease <= 0 || p.TTL <= 0 {
-		return errors.New("pgstore: claim needs a positive lease and TTL")
+		return r, false, errors.New("pgstore: claim needs a positive lease and TTL")
 	}
 	if len(p.Scope)+len(p.Key) > maxIDBytes {
-		return fmt.Errorf("pgstore: claim: scope and key are %d bytes, the limit is %d", len(p.Scope)+len(p.Key), maxIDBytes)
+		return r, false, fmt.Errorf("pgstore: claim: scope and key are %d bytes, the limit is %d", len(p.Scope)+len(p.Key), maxIDBytes)
 	}
-	return nil
+	if !s.readFirst {
+		return r, false, nil
+	}
+	if r, ok, err = s.readOnce(ctx, p); err != nil {
+		return r, false, fmt.Errorf("pgstore: claim: %w", err)
+	}
+	return r, ok, nil
 }
 
 // claimOnce runs the claim statement once. ok is false when the statement's

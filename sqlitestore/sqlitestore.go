@@ -421,36 +421,58 @@ func decide(r row, found bool, fp string, now int64) (idem.ClaimResult, bool, er
 
 // Claim implements idem.Store.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
-	if p.Lease <= 0 || p.TTL <= 0 {
-		return idem.ClaimResult{}, errors.New("sqlitestore: claim needs a positive lease and TTL")
+	res, r, done, err := s.answerFirst(ctx, p)
+	if done || err != nil {
+		return res, err
 	}
-	now := p.Now.UnixNano()
-	// Duplicates are answered by a read, without the write lock.
-	r, found, err := get(ctx, s.st.getRead, p.Scope, p.Key)
+	// The record is absent, expired or abandoned: decide again under the
+	// write lock, and write.
+	if r.live {
+		return s.takeOver(ctx, p, r.row)
+	}
+	res, _, err = s.claimLocked(ctx, p, p.Now.UnixNano(), false)
 	if err != nil {
 		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
-	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
-		return res, err
-	}
+	return res, nil
+}
 
-	// The record is absent, expired or abandoned: decide again under the
-	// write lock, and write.
-	wctx := ctx
-	takeOver := found && now < r.expiresAt
-	if takeOver {
-		// Taking over an in-flight record whose lease looks expired. If
-		// someone holds the write lock, it is most likely the owner, whose
-		// renewals inside its open transaction are not visible yet: the
-		// whole take-over gets takeOverWait, and otherwise the answer is
-		// "in progress" rather than a wait behind the owner.
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, takeOverWait)
-		defer cancel()
+// seen is the record a claim's first read found; live reports that it
+// had not expired (an in-flight record whose lease ended: a take-over).
+type seen struct {
+	row
+	live bool
+}
+
+// answerFirst is what Claim and ClaimTx do before they write: check the
+// parameters and answer a duplicate from a read, without the write lock.
+// done reports that res is the answer.
+func (s *Store) answerFirst(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, r seen, done bool, err error) {
+	if p.Lease <= 0 || p.TTL <= 0 {
+		return res, r, false, errors.New("sqlitestore: claim needs a positive lease and TTL")
 	}
-	res, _, err := s.claimLocked(wctx, p, now, false)
+	now := p.Now.UnixNano()
+	row, found, err := get(ctx, s.st.getRead, p.Scope, p.Key)
 	if err != nil {
-		if takeOver && ctx.Err() == nil && wctx.Err() != nil {
+		return res, r, false, fmt.Errorf("sqlitestore: claim: %w", err)
+	}
+	if res, done, err = decide(row, found, p.Fingerprint, now); done || err != nil {
+		return res, r, done, err
+	}
+	return res, seen{row: row, live: found && now < row.expiresAt}, false, nil
+}
+
+// takeOver takes over the in-flight record r whose lease looked expired,
+// in its own committed transaction. If someone holds the write lock, it
+// is most likely the owner, whose renewals inside its open transaction are
+// not visible yet: the whole take-over gets takeOverWait, and otherwise the
+// answer is "in progress" rather than a wait behind the owner.
+func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, r row) (idem.ClaimResult, error) {
+	wctx, cancel := context.WithTimeout(ctx, takeOverWait)
+	defer cancel()
+	res, _, err := s.claimLocked(wctx, p, p.Now.UnixNano(), false)
+	if err != nil {
+		if ctx.Err() == nil && wctx.Err() != nil {
 			// Nothing was taken over (or, if the commit raced the
 			// deadline, a take-over nobody runs, which the next claim
 			// takes over again after the lease).
@@ -534,22 +556,15 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, 
 // committed. A take-over of an abandoned record commits on its own, as in
 // Claim.
 func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
-	if p.Lease <= 0 || p.TTL <= 0 {
-		return idem.ClaimResult{}, nil, errors.New("sqlitestore: claim needs a positive lease and TTL")
-	}
-	now := p.Now.UnixNano()
-	r, found, err := get(ctx, s.st.getRead, p.Scope, p.Key)
-	if err != nil {
-		return idem.ClaimResult{}, nil, fmt.Errorf("sqlitestore: claim: %w", err)
-	}
-	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
+	res, r, done, err := s.answerFirst(ctx, p)
+	if done || err != nil {
 		return res, nil, err
 	}
-	if found && now < r.expiresAt {
-		res, err := s.Claim(ctx, p)
+	if r.live {
+		res, err := s.takeOver(ctx, p, r.row)
 		return res, nil, err
 	}
-	res, tx, err := s.claimLocked(ctx, p, now, true)
+	res, tx, err := s.claimLocked(ctx, p, p.Now.UnixNano(), true)
 	if err != nil {
 		return idem.ClaimResult{}, nil, fmt.Errorf("sqlitestore: claim: %w", err)
 	}

@@ -437,26 +437,14 @@ func fastString(body []byte, i int, scratch []byte) (s, scratchOut []byte, next 
 	}
 }
 
-// hex4 returns the value of the four hexadecimal digits at b[at].
+// hex4 returns the value of the four hexadecimal digits at b[at], as a
+// \u escape spells them.
 func hex4(b []byte, at int) (uint16, bool) {
 	if at+4 > len(b) {
 		return 0, false
 	}
-	var v uint16
-	for _, h := range b[at : at+4] {
-		switch {
-		case h >= '0' && h <= '9':
-			h -= '0'
-		case h >= 'a' && h <= 'f':
-			h -= 'a' - 10
-		case h >= 'A' && h <= 'F':
-			h -= 'A' - 10
-		default:
-			return 0, false
-		}
-		v = v<<4 | uint16(h)
-	}
-	return v, true
+	v, err := strconv.ParseUint(string(b[at:at+4]), 16, 16)
+	return uint16(v), err == nil
 }
 
 // appendFingerprint appends the JSON of the normalised request, byte for
