@@ -130,8 +130,17 @@ func (c *pgCluster) promote() {
 	for {
 		conn, err := pgx.Connect(ctx, c.url(c.rPort))
 		if err == nil {
-			var ok bool
-			err = conn.QueryRow(ctx, `SELECT pg_promote(true, 60)`).Scan(&ok)
+			// An earlier attempt may have promoted it even though its
+			// answer was lost (pg_promote then fails with "recovery is
+			// not in progress"): the replica's state decides.
+			var inRecovery, ok bool
+			if err = conn.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery); err == nil && !inRecovery {
+				conn.Close(context.Background())
+				return
+			}
+			if err == nil {
+				err = conn.QueryRow(ctx, `SELECT pg_promote(true, 60)`).Scan(&ok)
+			}
 			conn.Close(context.Background())
 			if err == nil && ok {
 				return
