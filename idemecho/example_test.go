@@ -9,7 +9,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemecho"
 	"github.com/idemhq/idem/memstore"
-	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v5"
 )
 
 func ExampleMiddleware() {
@@ -17,7 +17,7 @@ func ExampleMiddleware() {
 	mw, _ := idem.NewMiddleware(store, nil)
 
 	e := echo.New()
-	e.POST("/orders", func(c echo.Context) error {
+	e.POST("/orders", func(c *echo.Context) error {
 		return c.JSON(http.StatusCreated, map[string]string{"id": "ord_1"})
 	}, idemecho.Middleware(mw))
 

@@ -4,19 +4,8 @@ go 1.26.0
 
 require (
 	github.com/idemhq/idem v0.2.0
-	github.com/labstack/echo/v4 v4.16.0
+	github.com/labstack/echo/v5 v5.4.6
 	go.uber.org/goleak v1.3.0
 )
 
-require (
-	github.com/dunglas/httpsfv v1.1.2 // indirect
-	github.com/labstack/gommon v0.5.0 // indirect
-	github.com/mattn/go-colorable v0.1.15 // indirect
-	github.com/mattn/go-isatty v0.0.22 // indirect
-	github.com/valyala/bytebufferpool v1.0.0 // indirect
-	github.com/valyala/fasttemplate v1.2.2 // indirect
-	golang.org/x/crypto v0.53.0 // indirect
-	golang.org/x/net v0.56.0 // indirect
-	golang.org/x/sys v0.46.0 // indirect
-	golang.org/x/text v0.40.0 // indirect
-)
+require github.com/dunglas/httpsfv v1.1.2 // indirect

@@ -1,5 +1,5 @@
 // Package idemecho adapts idem's middleware to echo
-// (github.com/labstack/echo/v4): the same contract as idem.Middleware (keys,
+// (github.com/labstack/echo/v5): the same contract as idem.Middleware (keys,
 // fingerprints, replays, 409/422 problems, fail closed), for routes and
 // groups of an echo server.
 //
@@ -9,7 +9,7 @@
 //	e.POST("/orders", createOrder, idemecho.Middleware(mw))
 //
 // The handler runs at most once per key. Its response, written through the
-// echo.Context as usual, is recorded, stored and sent; a retry replays it
+// *echo.Context as usual, is recorded, stored and sent; a retry replays it
 // without running the handler. An error the handler returns goes through
 // echo's HTTPErrorHandler inside the execution, so that its response is
 // what idem records (a 5xx releases the key, as with net/http). The request
@@ -27,13 +27,13 @@ import (
 	"net/http"
 
 	"github.com/idemhq/idem"
-	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v5"
 )
 
 // Middleware returns echo middleware that runs the handler under m.
 func Middleware(m *idem.Middleware) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
+		return func(c *echo.Context) error {
 			outer := c.Response()
 			h := m.Handle(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				// The handler writes into idem's recorder through an
@@ -41,10 +41,10 @@ func Middleware(m *idem.Middleware) echo.MiddlewareFunc {
 				// response (or a replay, or a problem) to the outer one,
 				// so that echo's logger sees its status.
 				c.SetRequest(r)
-				c.SetResponse(echo.NewResponse(w, c.Echo()))
+				c.SetResponse(echo.NewResponse(w, c.Echo().Logger))
 				defer c.SetResponse(outer)
 				if err := next(c); err != nil {
-					c.Error(err)
+					c.Echo().HTTPErrorHandler(c, err)
 				}
 			}))
 			h.ServeHTTP(outer, withPattern(c))
@@ -56,7 +56,7 @@ func Middleware(m *idem.Middleware) echo.MiddlewareFunc {
 // withPattern returns the request with Pattern set to echo's route
 // template, which idem's default OperationFunc reads (as it does ServeMux
 // patterns).
-func withPattern(c echo.Context) *http.Request {
+func withPattern(c *echo.Context) *http.Request {
 	r := c.Request()
 	if p := c.Path(); p != "" && r.Pattern == "" {
 		r = r.WithContext(r.Context())

@@ -14,7 +14,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemecho"
 	"github.com/idemhq/idem/memstore"
-	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v5"
 )
 
 // server is an echo server behind a real HTTP server, with an order route
@@ -45,13 +45,17 @@ func newServer(t *testing.T, block bool) *server {
 	e := echo.New()
 	// A logger-like middleware outside idem sees the status sent.
 	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
+		return func(c *echo.Context) error {
 			err := next(c)
-			s.logged <- c.Response().Status
+			r, uerr := echo.UnwrapResponse(c.Response())
+			if uerr != nil {
+				panic(uerr)
+			}
+			s.logged <- r.Status
 			return err
 		}
 	})
-	e.POST("/orders/:id", func(c echo.Context) error {
+	e.POST("/orders/:id", func(c *echo.Context) error {
 		n := s.runs.Add(1)
 		if s.release != nil {
 			s.entered <- struct{}{}
@@ -64,7 +68,7 @@ func newServer(t *testing.T, block bool) *server {
 		c.Response().Header().Set("X-Scope", info.Scope)
 		return c.JSON(http.StatusCreated, map[string]any{"order": c.Param("id"), "run": n})
 	}, idemecho.Middleware(mw))
-	e.POST("/flaky", func(c echo.Context) error {
+	e.POST("/flaky", func(c *echo.Context) error {
 		if s.fails.Add(1) == 1 {
 			return errors.New("database down") // echo answers 500: the key is released
 		}
@@ -230,11 +234,11 @@ func TestStreamingHandlerIsNotReplayed(t *testing.T) {
 	}
 	var runs atomic.Int64
 	e := echo.New()
-	e.POST("/export", func(c echo.Context) error {
+	e.POST("/export", func(c *echo.Context) error {
 		runs.Add(1)
 		c.Response().WriteHeader(http.StatusOK)
 		c.Response().Write([]byte("part 1\n"))
-		c.Response().Flush()
+		http.NewResponseController(c.Response()).Flush()
 		_, err := c.Response().Write([]byte("part 2\n"))
 		return err
 	}, idemecho.Middleware(mw))

@@ -15,7 +15,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# stages counts the stages below, so that each can say "[n/N]".
+stages=7
+stage=0
+stage_name=
+stage_start=$SECONDS
+run_start=$SECONDS
+# step starts the next stage and says how long the previous one took.
+step() {
+	if ((stage > 0)); then printf '    (stage %d took %d s)\n' "$stage" $((SECONDS - stage_start)); fi
+	stage=$((stage + 1))
+	stage_start=$SECONDS
+	stage_name=$*
+	printf '\n==> [%d/%d] %s\n' "$stage" "$stages" "$*"
+}
+# A failing stage is named at the end of the output, where a reader looks.
+trap 'rc=$?; if ((rc != 0)); then printf "\nFAILED in stage %d/%d (%s) after %d s in all\n" "$stage" "$stages" "$stage_name" $((SECONDS - run_start)); fi' EXIT
 
 step "gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -51,34 +66,30 @@ fuzz() {
 	fi
 	return 1
 }
+# fuzz_targets prints "PACKAGE TARGET" for every fuzz target of the
+# workspace: the packages whose test files declare a Fuzz function are
+# asked for their targets with `go test -list`, so that a new target is run
+# without anyone adding it to a list.
+fuzz_targets() {
+	local dirs
+	dirs=$(git grep -l '^func Fuzz' -- '*_test.go' | xargs -r -n1 dirname | sort -u)
+	[[ -n "$dirs" ]] || return 0
+	local d pkg
+	for d in $dirs; do
+		pkg=$(cd "$d" && go list .)
+		(cd "$d" && go test -list '^Fuzz' .) | grep '^Fuzz' | sed "s|^|$pkg |"
+	done
+}
+step "fuzz every parser (${fuzztime} per target; FUZZTIME=0 skips)"
 if [[ "$fuzztime" != 0 ]]; then
-	# Every parser: the key, canonical JSON, stored responses, the keyring
-	# file and the encryption envelope, the proxy's configuration file,
-	# Retry-After in the client, the payment request, the --store value, the
-	# header search behind the proxy's Connection handling.
+	targets=$(fuzz_targets)
+	[[ -n "$targets" ]] || { echo "no fuzz targets found"; exit 1; }
 	while read -r pkg target; do
-		step "fuzz $target ($fuzztime)"
+		echo "--- $target ($pkg)"
 		fuzz "$pkg" "$target"
-	done <<-'EOF'
-		github.com/idemhq/idem FuzzParseKey
-		github.com/idemhq/idem FuzzCanonicalJSON
-		github.com/idemhq/idem FuzzResponseDecoding
-		github.com/idemhq/idem FuzzParseCheckpoint
-		github.com/idemhq/idem FuzzParseKeyring
-		github.com/idemhq/idem FuzzEnvelopeOpen
-		github.com/idemhq/idem FuzzParseJSONPointer
-		github.com/idemhq/idem FuzzFingerprintFields
-		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzParseFile
-		github.com/idemhq/idem/idemclient FuzzRetryAfter
-		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidate
-		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidateMatchesOld
-		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidateFieldsMatchOld
-		github.com/idemhq/idem/cmd/idem/internal/payments FuzzAppendJSONString
-		github.com/idemhq/idem/cmd/idem/internal/backend FuzzKindOf
-		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzDroppedConnection
-		github.com/idemhq/idem/outbox FuzzHeaders
-		github.com/idemhq/idem/cmd/idem/internal/events FuzzValidateSubject
-	EOF
+	done <<<"$targets"
+else
+	echo "skipped (FUZZTIME=0)"
 fi
 
 step "every benchmark once (-benchtime 1x), so that none rots"
@@ -90,4 +101,5 @@ step "vulnerability audit: scripts/vulncheck.sh (govulncheck, offline database)"
 step "end-to-end: scripts/verify.sh"
 ./scripts/verify.sh
 
-step "all tests passed"
+printf '    (stage %d took %d s)\n' "$stage" $((SECONDS - stage_start))
+printf '\nall tests passed in %d min %d s\n' $(((SECONDS - run_start) / 60)) $(((SECONDS - run_start) % 60))

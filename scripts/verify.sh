@@ -11,7 +11,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 pid=""
 cleanup() {
-	if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+	# wait reaps the killed server here, so that bash reports no "Killed"
+	# job after the last line.
+	if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+		kill -9 "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	fi
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -174,4 +179,7 @@ pass "replay after a clean restart: 201, identical bytes"
 n=$(count)
 [[ "$n" == 3 ]] || fail "payment count: $n, want 3"
 pass "payment count: $n (three keys, every retry replayed)"
+kill -TERM "$pid"
+wait "$pid" || fail "graceful shutdown: exit status $?"
+pid=""
 echo "All idempotency checks passed."

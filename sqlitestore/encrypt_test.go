@@ -18,7 +18,8 @@ func TestConformanceEncrypted(t *testing.T) {
 			s, _ := open(t)
 			return s
 		},
-		Encryption: storetest.Encryption(t),
+		DeferredTakeOver: true,
+		Encryption:       storetest.Encryption(t),
 	})
 }
 

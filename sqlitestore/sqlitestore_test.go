@@ -28,5 +28,6 @@ func TestConformance(t *testing.T) {
 			s, _ := open(t)
 			return s
 		},
+		DeferredTakeOver: true,
 	})
 }

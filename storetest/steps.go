@@ -34,7 +34,7 @@ func testFence(t *testing.T, h Harness) {
 		// Take-over: greater.
 		b.clock.Advance(b.lease + b.lease/4)
 		q3 := b.other(q2)
-		took := b.mustOutcome(q3, idem.ClaimAcquired)
+		took := b.takeOver(q3)
 		if !took.TookOver {
 			t.Fatal("no take-over after the lease")
 		}
@@ -68,7 +68,7 @@ func testSteps(t *testing.T, h Harness) {
 		b.mustOutcome(b.other(p), idem.ClaimInFlight)
 		b.clock.Advance(b.lease + b.lease/4)
 		next := b.other(p)
-		r := b.mustOutcome(next, idem.ClaimAcquired)
+		r := b.takeOver(next)
 		if !r.TookOver || string(r.Record.Checkpoint) != "two" {
 			t.Fatalf("take-over: TookOver %v, checkpoint %q; want true, %q", r.TookOver, r.Record.Checkpoint, "two")
 		}
@@ -92,7 +92,7 @@ func testSteps(t *testing.T, h Harness) {
 		}
 		// No waiting: the lease ended at once.
 		next := b.other(p)
-		r := b.mustOutcome(next, idem.ClaimAcquired)
+		r := b.takeOver(next)
 		if !r.TookOver || string(r.Record.Checkpoint) != "point" {
 			t.Fatalf("claim after EndLease: TookOver %v, checkpoint %q", r.TookOver, r.Record.Checkpoint)
 		}

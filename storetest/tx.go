@@ -84,7 +84,7 @@ func testTx(t *testing.T, h Harness) {
 		stale := b.acquire(fpA)
 		b.clock.Advance(b.lease + b.lease/4)
 		successor := b.other(stale)
-		b.mustOutcome(successor, idem.ClaimAcquired)
+		b.takeOver(successor)
 		tx, err := txStore(b).BeginTx(b.ctx)
 		if err != nil {
 			t.Fatalf("BeginTx: %v", err)

@@ -1,4 +1,4 @@
-// Command echo is the orders service on echo (github.com/labstack/echo/v4)
+// Command echo is the orders service on echo (github.com/labstack/echo/v5)
 // with idemecho and sqlitestore: POST /orders creates an order in the same
 // SQLite transaction as its idempotency record.
 //
@@ -14,7 +14,7 @@ import (
 	"github.com/idemhq/idem/examples/internal/orders"
 	"github.com/idemhq/idem/idemecho"
 	"github.com/idemhq/idem/sqlitestore"
-	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v5"
 )
 
 func main() { orders.Main("127.0.0.1:8093", newHandler) }
@@ -25,8 +25,7 @@ func newHandler(store *sqlitestore.Store) (http.Handler, error) {
 		return nil, err
 	}
 	e := echo.New()
-	e.HideBanner = true
-	e.POST("/orders", func(c echo.Context) error {
+	e.POST("/orders", func(c *echo.Context) error {
 		body, _ := io.ReadAll(c.Request().Body) // idem has read and bounded it already
 		req, err := orders.Parse(body)
 		if err != nil {

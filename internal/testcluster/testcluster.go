@@ -66,34 +66,17 @@ func Start(tb testing.TB) *Cluster {
 	c := &Cluster{tb: tb}
 	tb.Cleanup(c.stop)
 	root := tb.TempDir()
-	for i := range 6 {
-		ports := freePorts(tb, 2) // client port and cluster bus port
-		n := &Node{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
-			dir: filepath.Join(root, strconv.Itoa(i))}
-		if err := os.Mkdir(n.dir, 0o700); err != nil {
-			tb.Fatal(err)
-		}
-		n.args = []string{
-			"--port", strconv.Itoa(ports[0]), "--cluster-port", strconv.Itoa(ports[1]),
-			"--bind", "127.0.0.1", "--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(n.dir, "nodes.conf"),
-			"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout.Milliseconds())),
-			// Replicas sync at once, not after the default 5 s that
-			// lets a master batch several of them.
-			"--repl-diskless-sync-delay", "0",
-			"--save", "", "--appendonly", "no", "--dir", n.dir, "--loglevel", "warning"}
-		if err := n.start(); err != nil {
-			tb.Fatal(err)
-		}
-		c.mu.Lock()
-		c.nodes = append(c.nodes, n)
-		c.mu.Unlock()
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, n := range c.nodes {
-		if err := poll(ctx, func() error { _, err := Do(ctx, n.Addr, "PING"); return err }); err != nil {
-			tb.Fatalf("redis-server %s did not answer PING: %v", n.Addr, err)
+	for i := range 6 {
+		n, err := startNode(ctx, filepath.Join(root, strconv.Itoa(i)), freePorts)
+		if n != nil {
+			c.mu.Lock()
+			c.nodes = append(c.nodes, n)
+			c.mu.Unlock()
+		}
+		if err != nil {
+			tb.Fatal(err)
 		}
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
@@ -155,16 +138,92 @@ func (c *Cluster) Restart(addr string) {
 	c.tb.Fatalf("testcluster: no node %s", addr)
 }
 
+// startAttempts is how many times startNode tries new ports for a node
+// whose redis-server exits at start: another test may take a port between
+// the moment it was found free and the moment redis-server binds it.
+const startAttempts = 3
+
+// startNode starts one node in dir, on ports chosen by pick, and waits until it answers PING. A
+// process that exits before answering is started again on new ports; after
+// startAttempts, or when ctx ends, the error carries redis-server's own
+// output. The node is returned whenever a process was started, so that the
+// caller's cleanup stops it.
+func startNode(ctx context.Context, dir string, pick func(n int) ([]int, error)) (*Node, error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	var n *Node
+	for attempt := 1; ; attempt++ {
+		ports, err := pick(2) // client port and cluster bus port
+		if err != nil {
+			return n, err
+		}
+		n = &Node{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])), dir: dir}
+		n.args = []string{
+			"--port", strconv.Itoa(ports[0]), "--cluster-port", strconv.Itoa(ports[1]),
+			"--bind", "127.0.0.1", "--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+			"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout.Milliseconds())),
+			// Replicas sync at once, not after the default 5 s that
+			// lets a master batch several of them.
+			"--repl-diskless-sync-delay", "0",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--loglevel", "warning"}
+		if err := n.start(); err != nil {
+			return nil, err
+		}
+		err = poll(ctx, func() error {
+			select {
+			case <-n.done:
+				return errExited
+			default:
+			}
+			_, err := Do(ctx, n.Addr, "PING")
+			return err
+		})
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, errExited) || attempt == startAttempts {
+			return n, fmt.Errorf("testcluster: redis-server %s (attempt %d of %d) did not answer PING: %w\n%s",
+				n.Addr, attempt, startAttempts, err, n.output())
+		}
+		// The failed attempt's cluster configuration names its ports.
+		_ = os.Remove(filepath.Join(dir, "nodes.conf"))
+	}
+}
+
+// errExited says that a node's process ended while it was awaited.
+var errExited = errors.New("redis-server exited")
+
 func (n *Node) start() error {
+	out, err := os.OpenFile(filepath.Join(n.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
 	n.cmd = exec.Command("redis-server", n.args...)
-	n.cmd.Stdout, n.cmd.Stderr = io.Discard, io.Discard
+	n.cmd.Stdout, n.cmd.Stderr = out, out
 	if err := n.cmd.Start(); err != nil {
+		out.Close()
 		return fmt.Errorf("starting redis-server: %w", err)
 	}
 	done := make(chan struct{})
 	n.done = done
-	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(done) }(n.cmd)
+	go func(cmd *exec.Cmd) { _ = cmd.Wait(); out.Close(); close(done) }(n.cmd)
 	return nil
+}
+
+// output returns the end of what the node's redis-server processes wrote,
+// for an error message.
+func (n *Node) output() string {
+	b, err := os.ReadFile(filepath.Join(n.dir, "redis.log"))
+	if err != nil {
+		return "(no redis-server output: " + err.Error() + ")"
+	}
+	const limit = 4 << 10
+	if len(b) > limit {
+		b = b[len(b)-limit:]
+	}
+	return "---- redis-server output ----\n" + string(b)
 }
 
 // WaitHealthy waits until every live node reports cluster_state:ok, so that
@@ -199,7 +258,7 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("testcluster: node %s: %w", n.Addr, err)
+			return fmt.Errorf("testcluster: node %s: %w\n%s", n.Addr, err, n.output())
 		}
 	}
 	return nil
@@ -305,14 +364,15 @@ func Do(ctx context.Context, addr string, args ...string) (string, error) {
 	return "", fmt.Errorf("unsupported reply %q", line)
 }
 
-// poll calls f every 50 ms until it returns nil or ctx ends.
+// poll calls f every 50 ms until it returns nil or ctx ends, or at once
+// when f says that the process it waits for exited (errExited).
 func poll(ctx context.Context, f func() error) error {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		err := f()
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, errExited) {
+			return err
 		}
 		select {
 		case <-ctx.Done():
@@ -324,16 +384,15 @@ func poll(ctx context.Context, f func() error) error {
 
 // freePorts returns n distinct free loopback ports, held open together
 // while they are chosen so that none is returned twice.
-func freePorts(tb testing.TB, n int) []int {
-	tb.Helper()
+func freePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	for range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			tb.Fatal(err)
+			return nil, err
 		}
 		defer ln.Close()
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	return ports
+	return ports, nil
 }
