@@ -230,7 +230,9 @@ func TestConsumeRecreatesDeletedConsumer(t *testing.T) {
 	subj := subject(t, js)
 	ctx := ctxT(t)
 	cfg := &natsidem.ConsumerConfig{AckWait: 2 * time.Second}
-	ensure := func(ctx context.Context) (jetstream.Consumer, error) { return natsidem.EnsureConsumerConfig(ctx, js, subj, cfg) }
+	ensure := func(ctx context.Context) (jetstream.Consumer, error) {
+		return natsidem.EnsureConsumerConfig(ctx, js, subj, cfg)
+	}
 	cons, err := ensure(ctx)
 	if err != nil {
 		t.Fatal(err)
