@@ -434,7 +434,9 @@ func handle(ctx context.Context, msg jetstream.Msg, in *inbox.Inbox, h inbox.Han
 	case inbox.Drop:
 		c.Logger.Error("natsidem: dropping a message that can never be handled", "subject", m.Topic,
 			"message_id", loggedID(m.ID), "error", err)
-		if terr := msg.TermWithReason(err.Error()); terr != nil {
+		// A plain +TERM: nats-server 2.9 does not know "+TERM reason"
+		// and would deliver the message again after AckWait.
+		if terr := msg.Term(); terr != nil {
 			c.Logger.Warn("natsidem: terminating the message failed; it will be delivered again", "error", terr)
 		}
 		if c.OnDropped != nil {

@@ -2,6 +2,7 @@ package events
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -18,10 +19,21 @@ import (
 // limit, payments.MaxBody.
 const MaxEventBytes = payments.MaxBody
 
-// ErrInvalidEvent is wrapped by every error of ParsePaymentCreated. It
-// wraps inbox.ErrUnprocessable: a refused event is dropped (terminated or
-// rejected at the broker), never redelivered and never booked.
-var ErrInvalidEvent = fmt.Errorf("events: invalid payment.created event: %w", inbox.ErrUnprocessable)
+// ErrInvalidEvent is matched (errors.Is) by every error of
+// ParsePaymentCreated, and so is inbox.ErrUnprocessable: a refused event
+// is dropped (terminated or rejected at the broker), never redelivered and
+// never booked.
+var ErrInvalidEvent = errors.New("events: invalid payment.created event")
+
+// invalidEventError says why an event was refused.
+type invalidEventError struct{ why string }
+
+func (e *invalidEventError) Error() string { return ErrInvalidEvent.Error() + ": " + e.why }
+
+// Is matches ErrInvalidEvent and inbox.ErrUnprocessable.
+func (e *invalidEventError) Is(target error) bool {
+	return target == ErrInvalidEvent || target == inbox.ErrUnprocessable
+}
 
 // ParsePaymentCreated parses and validates the payload of a
 // payment.created event delivered with message id id, by the rules of the
@@ -39,7 +51,7 @@ var ErrInvalidEvent = fmt.Errorf("events: invalid payment.created event: %w", in
 // and rule. They never quote the payload, so that they can be logged.
 func ParsePaymentCreated(id string, payload []byte) (PaymentCreated, error) {
 	refuse := func(format string, args ...any) (PaymentCreated, error) {
-		return PaymentCreated{}, fmt.Errorf("%w: %s", ErrInvalidEvent, fmt.Sprintf(format, args...))
+		return PaymentCreated{}, &invalidEventError{why: fmt.Sprintf(format, args...)}
 	}
 	if len(payload) > MaxEventBytes {
 		return refuse("the payload is %d bytes, more than %d", len(payload), MaxEventBytes)
