@@ -78,6 +78,7 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzDroppedConnection
 		github.com/idemhq/idem/outbox FuzzHeaders
 		github.com/idemhq/idem/cmd/idem/internal/events FuzzValidateSubject
+		github.com/idemhq/idem/cmd/idem/internal/events FuzzParsePaymentCreated
 	EOF
 fi
 
