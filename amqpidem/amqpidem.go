@@ -218,6 +218,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 			errs[i], failed = fmt.Errorf("amqpidem: unroutable: no queue takes routing key %q on exchange %s (reply %d)", m.Topic, p.cfg.Exchange, code), true
 		}
 	}
+	if len(returned) > 0 && p.cfg.Topology != nil {
+		// The queues the topology declares may have been deleted (or
+		// lost in a broker restart) since this channel declared them:
+		// the next call opens a new channel, which declares them again.
+		p.reset()
+	}
 	if !failed {
 		return nil
 	}
@@ -258,12 +264,20 @@ type ConsumeConfig struct {
 	// with whether the handler ran (false for a redelivery it had
 	// handled).
 	OnHandled func(ran bool)
+	// OnDropped, if set, is called after a delivery that can never be
+	// handled (inbox.Drop: no usable message-id, an id reused with another
+	// payload, or a handler error wrapping inbox.ErrUnprocessable) was
+	// rejected, with the reason. Consume has logged it.
+	OnDropped func(m inbox.Message, err error)
 }
 
 // Consume consumes queue with manual acknowledgement, processing each
 // delivery through in with h, until ctx ends; it then returns nil. It
-// reconnects (with back-off up to 5 seconds) whenever the connection or
-// channel is lost. A delivery is acknowledged after Inbox.Process
+// reconnects (with back-off up to 5 seconds, from 100 milliseconds again
+// after a connection that delivered) whenever the connection or channel
+// is lost, or the queue is deleted (RabbitMQ then cancels the consumer);
+// ConsumeConfig.Topology runs on each new channel, so a queue that was
+// deleted, or lost in a broker restart, is declared again. A delivery is acknowledged after Inbox.Process
 // committed it, requeued after RetryDelay when it must be retried, and
 // rejected without requeueing when it can never be handled (no
 // message-id, or an id reused with another payload).
@@ -281,11 +295,15 @@ func Consume(ctx context.Context, dial DialFunc, queue string, in *inbox.Inbox, 
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	backoff := 100 * time.Millisecond
+	const firstBackoff = 100 * time.Millisecond
+	backoff := firstBackoff
 	for ctx.Err() == nil {
-		err := consumeOnce(ctx, dial, queue, in, h, &c)
+		delivered, err := consumeOnce(ctx, dial, queue, in, h, &c)
 		if ctx.Err() != nil {
 			break
+		}
+		if delivered {
+			backoff = firstBackoff
 		}
 		c.Logger.Warn("amqpidem: consumer disconnected; reconnecting", "queue", queue, "error", err, "in", backoff)
 		t := time.NewTimer(backoff)
@@ -299,41 +317,65 @@ func Consume(ctx context.Context, dial DialFunc, queue string, in *inbox.Inbox, 
 	return nil
 }
 
-func consumeOnce(ctx context.Context, dial DialFunc, queue string, in *inbox.Inbox, h inbox.Handler, c *ConsumeConfig) error {
+// consumeOnce consumes queue on one connection until it is lost, the
+// consumer is cancelled, or ctx ends (nil). delivered reports whether it
+// received any delivery.
+func consumeOnce(ctx context.Context, dial DialFunc, queue string, in *inbox.Inbox, h inbox.Handler, c *ConsumeConfig) (delivered bool, err error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := dial(dctx)
 	cancel()
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if c.Topology != nil {
 		if err := c.Topology(ch); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if err := ch.Qos(c.Prefetch, 0, false); err != nil {
-		return err
+		return false, err
 	}
+	// A deleted queue cancels its consumers: the delivery channel closes,
+	// and the next connection declares the queue again.
+	cancelled := ch.NotifyCancel(make(chan string, 1))
 	deliveries, err := ch.ConsumeWithContext(ctx, queue, "", false, false, false, false, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return delivered, nil
 		case d, ok := <-deliveries:
 			if !ok {
-				return errors.New("amqpidem: delivery channel closed")
+				select {
+				case <-cancelled:
+					return delivered, fmt.Errorf("amqpidem: the broker cancelled the consumer of queue %s (deleted?)", queue)
+				default:
+				}
+				return delivered, errors.New("amqpidem: delivery channel closed")
 			}
+			delivered = true
 			handle(ctx, d, in, h, c)
 		}
 	}
+}
+
+// maxLoggedID bounds a message id in logs: ids come from publishers.
+const maxLoggedID = 120
+
+// loggedID is a message id as logs show it, cut to maxLoggedID bytes
+// (slog quotes or escapes any control character).
+func loggedID(id string) string {
+	if len(id) > maxLoggedID {
+		return id[:maxLoggedID] + "..."
+	}
+	return id
 }
 
 func handle(ctx context.Context, d amqp.Delivery, in *inbox.Inbox, h inbox.Handler, c *ConsumeConfig) {
@@ -357,8 +399,14 @@ func handle(ctx context.Context, d amqp.Delivery, in *inbox.Inbox, h inbox.Handl
 			c.OnHandled(!replayed)
 		}
 	case inbox.Drop:
-		c.Logger.Error("amqpidem: rejecting a message that can never be handled", "routing_key", m.Topic, "error", err)
-		_ = d.Reject(false)
+		c.Logger.Error("amqpidem: rejecting a message that can never be handled", "routing_key", m.Topic,
+			"message_id", loggedID(m.ID), "error", err)
+		if rerr := d.Reject(false); rerr != nil {
+			c.Logger.Warn("amqpidem: reject failed; the message will be delivered again", "error", rerr)
+		}
+		if c.OnDropped != nil {
+			c.OnDropped(m, err)
+		}
 	default:
 		if ctx.Err() == nil {
 			c.Logger.Warn("amqpidem: handling failed; the message will be redelivered", "routing_key", m.Topic, "error", err)

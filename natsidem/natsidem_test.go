@@ -220,3 +220,135 @@ func TestConsumeThroughInbox(t *testing.T) {
 		t.Errorf("message without Nats-Msg-Id booked as %q (%v), want its stream sequence", id, err)
 	}
 }
+
+// A consumer deleted while Consume runs: with ConsumerFunc, Consume
+// creates it again and handles the later messages; without it, Consume
+// returns an error instead of waiting for heartbeats forever.
+func TestConsumeRecreatesDeletedConsumer(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t)
+	subj := subject(t, js)
+	ctx := ctxT(t)
+	cfg := &natsidem.ConsumerConfig{AckWait: 2 * time.Second}
+	ensure := func(ctx context.Context) (jetstream.Consumer, error) {
+		return natsidem.EnsureConsumerConfig(ctx, js, subj, cfg)
+	}
+	cons, err := ensure(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "in.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	exec, err := idem.NewExecutor(st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := inbox.New(exec, inbox.Config{Name: natsidem.ConsumerFor(subj)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan string, 100)
+	h := func(_ context.Context, m inbox.Message) error { handled <- m.ID; return nil }
+	p := natsidem.NewPublisher(js)
+	publish := func(id string) {
+		t.Helper()
+		if errs := p.Publish(ctx, []outbox.Message{{ID: id, Topic: subj, Payload: []byte(id)}}); errs != nil {
+			t.Fatal(errs)
+		}
+	}
+	expect := func(id string) {
+		t.Helper()
+		select {
+		case got := <-handled:
+			if got != id {
+				t.Fatalf("handled %s, want %s", got, id)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s not handled", id)
+		}
+	}
+	stream, _ := natsidem.StreamFor(subj)
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- natsidem.Consume(cctx, cons, in, h, &natsidem.ConsumeConfig{PullExpiry: time.Second, ConsumerFunc: ensure})
+	}()
+	publish("a")
+	expect("a")
+	if err := js.DeleteConsumer(ctx, stream, natsidem.ConsumerFor(subj)); err != nil {
+		t.Fatal(err)
+	}
+	publish("b") // the re-created consumer delivers the whole stream: a is a replay
+	expect("b")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// Without ConsumerFunc.
+	cons, err = ensure(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- natsidem.Consume(ctx, cons, in, h, &natsidem.ConsumeConfig{PullExpiry: time.Second}) }()
+	publish("c")
+	expect("c")
+	if err := js.DeleteConsumer(ctx, stream, natsidem.ConsumerFor(subj)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Consume returned nil after its consumer was deleted")
+		}
+	case <-ctx.Done():
+		t.Fatal("Consume did not return after its consumer was deleted")
+	}
+}
+
+// EnsureConsumerConfig keeps an existing consumer's start and delivery
+// policy (they cannot be updated) and updates its AckWait; StartFunc is
+// asked only when the consumer is created.
+func TestEnsureConsumerKeepsPosition(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t)
+	subj := subject(t, js)
+	ctx := ctxT(t)
+	start := time.Now().Add(-time.Hour).Truncate(time.Second)
+	asked := 0
+	cons, err := natsidem.EnsureConsumerConfig(ctx, js, subj, &natsidem.ConsumerConfig{AckWait: 3 * time.Second,
+		StartFunc: func(context.Context) (time.Time, error) { asked++; return start, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := cons.CachedInfo()
+	if info.Config.DeliverPolicy != jetstream.DeliverByStartTimePolicy || info.Config.OptStartTime == nil || !info.Config.OptStartTime.Equal(start) {
+		t.Fatalf("created consumer %+v, want one starting at %v", info.Config, start)
+	}
+	cons, err = natsidem.EnsureConsumer(ctx, js, subj, 7*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info = cons.CachedInfo()
+	if info.Config.DeliverPolicy != jetstream.DeliverByStartTimePolicy || !info.Config.OptStartTime.Equal(start) || asked != 1 {
+		t.Fatalf("ensured again: %+v (StartFunc asked %d times)", info.Config, asked)
+	}
+	// A consumer that delivers the whole stream gets the new AckWait.
+	all := subject(t, js)
+	if _, err := natsidem.EnsureConsumer(ctx, js, all, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if cons, err = natsidem.EnsureConsumer(ctx, js, all, 7*time.Second); err != nil || cons.CachedInfo().Config.AckWait != 7*time.Second {
+		t.Fatalf("AckWait not updated: %v", err)
+	}
+	_, err = natsidem.EnsureConsumerConfig(ctx, js, subject(t, js), &natsidem.ConsumerConfig{StartFunc: func(context.Context) (time.Time, error) {
+		return time.Time{}, errors.New("no ledger")
+	}})
+	if err == nil || !strings.Contains(err.Error(), "no ledger") {
+		t.Fatalf("StartFunc's error: %v", err)
+	}
+}

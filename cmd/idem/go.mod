@@ -3,6 +3,7 @@ module github.com/idemhq/idem/cmd/idem
 go 1.26.0
 
 require (
+	github.com/bojanz/currency v1.5.1
 	github.com/idemhq/idem v0.2.0
 	github.com/idemhq/idem/amqpidem v0.2.0
 	github.com/idemhq/idem/idemotel v0.2.0
@@ -25,6 +26,7 @@ require (
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
+	github.com/cockroachdb/apd/v3 v3.2.3 // indirect
 	github.com/dunglas/httpsfv v1.1.2 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect

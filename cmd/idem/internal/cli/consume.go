@@ -20,8 +20,13 @@ SQLite file exactly once. The ledger row and the inbox record of the message
 id commit in one transaction, and the broker is acknowledged only after it; a
 redelivered event is acknowledged without being booked again.
 
+Each event is validated first, by the rules of the payments API; an invalid
+one is logged (why, and its message id), counted on /metrics and dropped at
+the broker, never booked. When the broker loses the stream and consumer
+(JetStream) or the queue (RabbitMQ), consume creates them again and goes on.
+
 Endpoints: GET /ledger/count ({"count":N}), GET /ledger?payment=ID
-({"entries":[...]}), GET /healthz.`
+({"entries":[...]}), GET /healthz, GET /metrics (Prometheus).`
 
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("consume", consumeAbout, stdout, stderr)
@@ -99,6 +104,8 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ledger/count", ledger.Count)
 	mux.HandleFunc("GET /ledger", ledger.List)
+	m := newConsumeMetrics()
+	mux.Handle("GET /metrics", m.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		pctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
@@ -120,9 +127,13 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	defer stop()
 	consumed := make(chan error, 1)
 	go func() {
-		consumed <- conn.Consume(cctx, in, ledger.Book, nil)
+		consumed <- conn.Consume(cctx, in, ledger.Book, m.config(consumerStart(ledger, *ttl)))
+		// The consumer stops only with ctx, or for good: then the
+		// process exits (non-zero) rather than serve a ledger that no
+		// longer grows.
+		stop()
 	}()
-	serveErr := serveHTTP(ctx, ln, mux, logger, 0, 5*time.Second)
+	serveErr := serveHTTP(cctx, ln, mux, logger, 0, 5*time.Second)
 	stop()
 	if err := <-consumed; err != nil {
 		logger.Error("consumer stopped", "error", err)

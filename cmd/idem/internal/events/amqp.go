@@ -32,8 +32,13 @@ func dialAMQP(_ context.Context, rawURL, subject string, logger *slog.Logger) (*
 		Where:     redact(rawURL),
 		Publisher: pub,
 		close:     func() { _ = pub.Close() },
-		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, onHandled func(bool)) error {
-			return amqpidem.Consume(ctx, dial, queue, in, h, &amqpidem.ConsumeConfig{Topology: topology, Logger: logger, OnHandled: onHandled})
+		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
+			// Consume declares the queue, exchange and binding on every
+			// connection, and reconnects when the queue is deleted
+			// (RabbitMQ cancels its consumers), so a queue lost in a
+			// deletion or a broker restart is declared again.
+			return amqpidem.Consume(ctx, dial, queue, in, h, &amqpidem.ConsumeConfig{Topology: topology, Logger: logger,
+				OnHandled: cfg.OnHandled, OnDropped: cfg.OnDropped})
 		},
 	}, nil
 }

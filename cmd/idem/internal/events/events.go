@@ -113,7 +113,7 @@ type Conn struct {
 	// Defaults to 30 seconds.
 	AckWait time.Duration
 	close   func()
-	consume func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, onHandled func(bool)) error
+	consume func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error
 }
 
 // Close closes the connection.
@@ -123,10 +123,38 @@ func (c *Conn) Close() {
 	}
 }
 
+// ConsumeConfig configures Conn.Consume. A nil *ConsumeConfig means all
+// defaults.
+type ConsumeConfig struct {
+	// OnHandled, if set, is called after each message is acknowledged,
+	// with whether the handler ran (false for a redelivery of a message
+	// already handled).
+	OnHandled func(ran bool)
+	// OnDropped, if set, is called after a message that can never be
+	// handled (an invalid event, no usable message id, an id reused with
+	// another payload) was terminated or rejected, with the reason; it has
+	// been logged.
+	OnDropped func(m inbox.Message, err error)
+	// StartFunc (NATS only) says where a durable consumer that has to be
+	// created starts: the publication time of the oldest message it
+	// delivers, or the zero time for the whole stream. It is called at
+	// start when the consumer does not exist, and whenever the consumer
+	// is re-created because it was deleted or the server lost its
+	// JetStream state. Defaults to the whole stream.
+	StartFunc func(ctx context.Context) (time.Time, error)
+}
+
 // Consume runs the durable consumer (or queue) named after subject,
-// handling each message through in, until ctx ends.
-func (c *Conn) Consume(ctx context.Context, in *inbox.Inbox, h inbox.Handler, onHandled func(bool)) error {
-	return c.consume(ctx, in, h, onHandled)
+// handling each message through in, until ctx ends. It re-creates what it
+// needs when the broker loses it: the JetStream stream and consumer (a
+// consumer deleted, or a server restarted without its store), the
+// RabbitMQ queue and exchange (deleted, or a broker restarted without
+// them).
+func (c *Conn) Consume(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
+	if cfg == nil {
+		cfg = &ConsumeConfig{}
+	}
+	return c.consume(ctx, in, h, cfg)
 }
 
 // Dial connects to the broker at rawURL for subject. The connection
@@ -173,11 +201,14 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 		Where:     redact(rawURL),
 		Publisher: p,
 		close:     nc.Close,
-		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, onHandled func(bool)) error {
+		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
+			ensure := func(ctx context.Context) (jetstream.Consumer, error) {
+				return natsidem.EnsureConsumerConfig(ctx, js, subject, &natsidem.ConsumerConfig{AckWait: conn.AckWait, StartFunc: cfg.StartFunc})
+			}
 			var cons jetstream.Consumer
 			for {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				cons, err = natsidem.EnsureConsumer(cctx, js, subject, conn.AckWait)
+				cons, err = ensure(cctx)
 				cancel()
 				if err == nil {
 					break
@@ -187,7 +218,8 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 					return nil
 				}
 			}
-			return natsidem.Consume(ctx, cons, in, h, &natsidem.ConsumeConfig{Logger: logger, OnHandled: onHandled})
+			return natsidem.Consume(ctx, cons, in, h, &natsidem.ConsumeConfig{Logger: logger, OnHandled: cfg.OnHandled,
+				OnDropped: cfg.OnDropped, ConsumerFunc: ensure})
 		},
 	}
 	return conn, nil

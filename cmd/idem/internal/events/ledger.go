@@ -57,12 +57,16 @@ func (l *Ledger) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Book is the inbox handler: it writes one ledger row through the
-// execution's transaction, which commits with the inbox record.
+// Book is the inbox handler: it validates the event (ParsePaymentCreated)
+// and writes one ledger row through the execution's transaction, which
+// commits with the inbox record. An invalid event is refused with an error
+// wrapping ErrInvalidEvent, and nothing is written.
 func (l *Ledger) Book(ctx context.Context, m inbox.Message) error {
-	var e PaymentCreated
-	if err := json.Unmarshal(m.Payload, &e); err != nil || e.Type != TypePaymentCreated || e.PaymentID == "" {
-		return fmt.Errorf("ledger: not a payment.created event (%v): %w", err, inbox.ErrUnprocessable)
+	// Refused before anything is written: the error wraps
+	// inbox.ErrUnprocessable, so the message is dropped, not redelivered.
+	e, err := ParsePaymentCreated(m.ID, m.Payload)
+	if err != nil {
+		return err
 	}
 	if l.OpDelay > 0 {
 		t := time.NewTimer(l.OpDelay)
@@ -88,6 +92,15 @@ func (l *Ledger) Book(ctx context.Context, m inbox.Message) error {
 		return fmt.Errorf("ledger: book: %w", err)
 	}
 	return nil
+}
+
+// Booked reports whether the ledger holds any booking.
+func (l *Ledger) Booked(ctx context.Context) (bool, error) {
+	var booked bool
+	if err := l.Store.ReadDB().QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ledger)`).Scan(&booked); err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	return booked, nil
 }
 
 // Count handles GET /ledger/count: {"count":N}.

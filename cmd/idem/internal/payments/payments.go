@@ -29,6 +29,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/bojanz/currency"
 	"github.com/idemhq/idem"
 )
 
@@ -162,7 +163,40 @@ func validateStrict(body []byte) (normalised, *idem.Problem) {
 			errs[name] = append(errs[name], "is not a field of a payment")
 		}
 	}
-	var n normalised
+	f := checkFields(fields, errs)
+	n := normalised{AmountCents: f.AmountCents, Currency: f.Currency, Reference: f.Reference}
+	if len(errs) > 0 {
+		return normalised{}, invalid(errs)
+	}
+	return n, nil
+}
+
+// Fields are a payment's amount, currency and reference, validated and
+// normalised by the rules of the API.
+type Fields struct {
+	AmountCents int64
+	Currency    string
+	Reference   string
+}
+
+// ValidateFields checks the amountCents, currency and reference members
+// of a JSON object by the rules a payment request must follow, and returns
+// them normalised, or the problems of each invalid one (keyed by member
+// name, as in the API's 400 answer). Other members are not looked at. It is
+// how `idem consume` checks a payment.created event, so that what it books
+// obeys the rules the API enforced.
+func ValidateFields(fields map[string]json.RawMessage) (Fields, map[string][]string) {
+	errs := map[string][]string{}
+	f := checkFields(fields, errs)
+	if len(errs) > 0 {
+		return Fields{}, errs
+	}
+	return f, nil
+}
+
+// checkFields validates the three members of a payment into errs.
+func checkFields(fields map[string]json.RawMessage, errs map[string][]string) Fields {
+	var n Fields
 	if raw, ok := fields["amountCents"]; !ok {
 		errs["amountCents"] = append(errs["amountCents"], "is required")
 	} else {
@@ -189,8 +223,11 @@ func validateStrict(body []byte) (normalised, *idem.Problem) {
 		errs["currency"] = append(errs["currency"], problem)
 	} else {
 		c = strings.ToUpper(strings.TrimSpace(c))
-		if len(c) != 3 || strings.Trim(c, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
+		switch {
+		case len(c) != 3 || strings.Trim(c, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "":
 			errs["currency"] = append(errs["currency"], "must be a 3-letter currency code such as USD")
+		case !knownCurrency(c):
+			errs["currency"] = append(errs["currency"], "is not an ISO 4217 currency code in use")
 		}
 		n.Currency = c
 	}
@@ -210,10 +247,15 @@ func validateStrict(body []byte) (normalised, *idem.Problem) {
 		}
 		n.Reference = ref
 	}
-	if len(errs) > 0 {
-		return normalised{}, invalid(errs)
-	}
-	return n, nil
+	return n
+}
+
+// knownCurrency reports whether c (three upper-case letters) is an ISO
+// 4217 code of a currency in use (CLDR's list, through
+// github.com/bojanz/currency): a payment in "ZZZ", or in the "no
+// currency" code XXX, is refused.
+func knownCurrency(c string) bool {
+	return c != "" && currency.IsValid(c)
 }
 
 // stringField returns the string member name of fields, or why it is not
@@ -320,6 +362,9 @@ func parseFast(body, scratch []byte) (f fastRequest, ok bool) {
 			return f, false
 		}
 		f.currency[k] = c
+	}
+	if !knownCurrency(string(f.currency[:])) {
+		return f, false // refused by validateStrict
 	}
 	ref = bytes.TrimSpace(ref)
 	if len(ref) == 0 || utf8.RuneCount(ref) > 100 || bytes.ContainsFunc(ref, unicode.IsControl) {
@@ -588,6 +633,16 @@ func Tenant(r *http.Request) (string, error) {
 	return "t_" + hex.EncodeToString(sum[:12]), nil
 }
 
+// ValidTenant reports whether s is a tenant as Tenant names one:
+// "anonymous", or "t_" and 24 lower-case hexadecimal digits.
+func ValidTenant(s string) bool {
+	if s == "anonymous" {
+		return true
+	}
+	h, ok := strings.CutPrefix(s, "t_")
+	return ok && len(h) == 24 && strings.Trim(h, "0123456789abcdef") == ""
+}
+
 // Create handles POST /api/payments, behind the idem middleware.
 func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
 	n, ok := s.request(w, r)
@@ -725,6 +780,13 @@ func writeProblem(w http.ResponseWriter, status int, code, title, detail string)
 // newID returns a random payment id.
 func newID() string {
 	return "pay_" + strings.ToLower(rand.Text())
+}
+
+// ValidPaymentID reports whether s is a payment id as the API makes them:
+// "pay_" and 26 characters of lower-case base32 (a-z, 2-7).
+func ValidPaymentID(s string) bool {
+	b, ok := strings.CutPrefix(s, "pay_")
+	return ok && len(b) == 26 && strings.Trim(b, "abcdefghijklmnopqrstuvwxyz234567") == ""
 }
 
 // createTable is the payments table's DDL, the same on every database but

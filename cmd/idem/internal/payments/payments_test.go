@@ -26,6 +26,8 @@ func TestValidate(t *testing.T) {
 		`{"amountCents":25.5,"currency":"USD","reference":"x"}`:      {"amountCents"},
 		`{"amountCents":"2599","currency":"USD","reference":"x"}`:    {"amountCents"},
 		`{"amountCents":1,"currency":840,"reference":"x"}`:           {"currency"},
+		`{"amountCents":1,"currency":"ZZZ","reference":"x"}`:         {"currency"},
+		`{"amountCents":1,"currency":"xxx","reference":"x"}`:         {"currency"},
 		`{"amountCents":1,"currency":"USD","reference":"x","tip":2}`: {"tip"},
 		`{"currency":"USD"}`: {"amountCents", "reference"},
 		`{"amountCents":1,"currency":"USD","reference":"` + strings.Repeat("r", 101) + `"}`: {"reference"},
@@ -84,5 +86,55 @@ func TestTenant(t *testing.T) {
 		if _, err := Tenant(r); err == nil {
 			t.Errorf("Authorization %q accepted", h)
 		}
+	}
+}
+
+// ValidTenant and ValidPaymentID accept what Tenant and newID make, and
+// nothing else of that shape.
+func TestValidTenantAndPaymentID(t *testing.T) {
+	r, _ := http.NewRequest("POST", "/", nil)
+	for _, auth := range []string{"", "Bearer a", "Bearer " + strings.Repeat("x", 500)} {
+		r.Header.Set("Authorization", auth)
+		ten, err := Tenant(r)
+		if err != nil || !ValidTenant(ten) {
+			t.Errorf("Tenant for %q = %q (%v): not ValidTenant", auth, ten, err)
+		}
+	}
+	for range 100 {
+		if id := newID(); !ValidPaymentID(id) {
+			t.Fatalf("newID() = %q: not ValidPaymentID", id)
+		}
+	}
+	for _, s := range []string{"", "t_", "t_0123456789abcdef0123456", "t_0123456789abcdef012345678", "t_0123456789ABCDEF01234567",
+		"T_0123456789abcdef01234567", "anonymous ", "Anonymous", "t_0123456789abcdef0123456\x00"} {
+		if ValidTenant(s) {
+			t.Errorf("ValidTenant(%q)", s)
+		}
+	}
+	for _, s := range []string{"", "pay_", "pay_abcdefghijklmnopqrstuvwxy", "pay_abcdefghijklmnopqrstuvwxyz2", "pay_ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+		"pay_abcdefghijklmnopqrstuvwx01", "PAY_abcdefghijklmnopqrstuvwxyz", "pay_abcdefghijklmnopqrstuvwxy\n"} {
+		if ValidPaymentID(s) {
+			t.Errorf("ValidPaymentID(%q)", s)
+		}
+	}
+}
+
+// ValidateFields applies the request's rules to the three members and
+// ignores the others.
+func TestValidateFields(t *testing.T) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(`{"amountCents":100,"currency":" eur","reference":"r ","tenant":"x"}`), &fields); err != nil {
+		t.Fatal(err)
+	}
+	f, errs := ValidateFields(fields)
+	if errs != nil || f != (Fields{100, "EUR", "r"}) {
+		t.Fatalf("ValidateFields = %+v, %v", f, errs)
+	}
+	if err := json.Unmarshal([]byte(`{"amountCents":-5,"currency":"QQQ","reference":"a\u0007b"}`), &fields); err != nil {
+		t.Fatal(err)
+	}
+	f, errs = ValidateFields(fields)
+	if len(errs) != 3 || f != (Fields{}) {
+		t.Fatalf("ValidateFields = %+v, %v; want three problems", f, errs)
 	}
 }

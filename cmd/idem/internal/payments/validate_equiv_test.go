@@ -57,7 +57,7 @@ var (
 		`"2599"`, `""`, `null`, `true`, `false`, `[]`, `[2599]`, `{}`, `{"a":1}`,
 	}
 	equivCurrencies = []string{
-		`"USD"`, `"usd"`, `"Usd"`, `" Eur "`, `"\tgbp\n"`, `"\u0055SD"`, `"\u0075sd"`, `"US\u0044"`,
+		`"USD"`, `"usd"`, `"Usd"`, `"ZZZ"`, `"xxx"`, `"XTS"`, `"hrk"`, `"VES"`, `"zwg"`, `" Eur "`, `"\tgbp\n"`, `"\u0055SD"`, `"\u0075sd"`, `"US\u0044"`,
 		`"\busd"`, `"usd\/"`, `"\rusd\f"`, `"US"`, `"USDD"`, `""`, `"   "`, `"U$D"`, `"US1"`, `"U D"`, `"U\u0000D"`, `"\u000busd\f"`,
 		`"uſd"`, `"ısd"`, `"ǆsd"`, `"ＵＳＤ"`, `"\u00a0usd\u00a0"`, "\"\u00a0usd\u3000\"", `"usd\u0085"`,
 		`"\u2028usd"`, `"é€$"`, `"\ud800"`, `"\udfff"`, `"\ud83d\ude00"`, `"\x"`, `"\u12"`,

@@ -40,7 +40,7 @@ func FuzzValidate(f *testing.F) {
 		if n.AmountCents <= 0 || n.AmountCents > 1e15 {
 			t.Fatalf("Validate(%q) accepted amountCents %d", body, n.AmountCents)
 		}
-		if len(n.Currency) != 3 || strings.Trim(n.Currency, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
+		if len(n.Currency) != 3 || strings.Trim(n.Currency, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" || !knownCurrency(n.Currency) {
 			t.Fatalf("Validate(%q) accepted currency %q", body, n.Currency)
 		}
 		if n.Reference == "" || n.Reference != strings.TrimSpace(n.Reference) || utf8.RuneCountInString(n.Reference) > 100 || !utf8.ValidString(n.Reference) ||
