@@ -153,7 +153,9 @@ func (r *stepRun) init(e *Executor, p DoParams, cp ClaimParams, holder *txHolder
 // ended lease, so the next attempt with the same key (or a reconciler,
 // see Executor.Reconcile) resumes after the last completed step. Steps
 // run in the order the operation calls them; name them uniquely. Step
-// data is bounded by MaxCheckpoint in total.
+// data is bounded by MaxCheckpoint in total. With Config.Encryption every
+// recovery point is sealed before it is stored, and one that cannot be
+// opened is never resumed (ErrRecordUnreadable).
 func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	r := stepRunFrom(ctx)
 	if r == nil || r.ss == nil {

@@ -66,6 +66,7 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem FuzzParseCheckpoint
 		github.com/idemhq/idem FuzzParseKeyring
 		github.com/idemhq/idem FuzzEnvelopeOpen
+		github.com/idemhq/idem FuzzOpenCheckpoint
 		github.com/idemhq/idem FuzzParseJSONPointer
 		github.com/idemhq/idem FuzzFingerprintFields
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzParseFile
