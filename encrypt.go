@@ -203,7 +203,7 @@ func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (
 		if e == nil || e.acceptPlaintext {
 			return r, nil
 		}
-		return nil, fmt.Errorf("%w: the record is not encrypted (EncryptionConfig.AcceptPlaintext is off)", ErrRecordUnreadable)
+		return nil, fmt.Errorf("%w: the response is stored in clear and AcceptPlaintext is off (EncryptionConfig.AcceptPlaintext; idem serve|proxy --accept-plaintext)", ErrRecordUnreadable)
 	}
 	if e == nil {
 		return nil, fmt.Errorf("%w: the record is encrypted and no encryption keys are configured", ErrRecordUnreadable)

@@ -75,7 +75,7 @@ func (e *Encryption) OpenCheckpoint(ctx context.Context, scope, key, fingerprint
 		if e == nil || e.acceptPlaintext {
 			return stored, nil
 		}
-		return nil, fmt.Errorf("%w: the recovery point is not encrypted (EncryptionConfig.AcceptPlaintext is off)", ErrRecordUnreadable)
+		return nil, fmt.Errorf("%w: the recovery point is stored in clear and AcceptPlaintext is off (EncryptionConfig.AcceptPlaintext; idem serve --accept-plaintext)", ErrRecordUnreadable)
 	}
 	if e == nil {
 		return nil, fmt.Errorf("%w: the recovery point is encrypted and no encryption keys are configured", ErrRecordUnreadable)
