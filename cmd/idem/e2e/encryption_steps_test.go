@@ -244,7 +244,9 @@ func TestServeAcceptPlaintext(t *testing.T) {
 	marker := "MARKER-" + randomName(8)
 	oldKeys := []string{"old-a-" + randomName(6), "old-b-" + randomName(6)}
 	bodies := map[string]string{}
-	args := func(extra ...string) []string { return append([]string{"--db", payments, "--store", records}, extra...) }
+	args := func(extra ...string) []string {
+		return append([]string{"--db", payments, "--store", records}, extra...)
+	}
 
 	plain := startServer(t, "no-keys", args()...)
 	olds := map[string]reply{}
