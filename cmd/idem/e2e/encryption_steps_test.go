@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"database/sql"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -333,5 +336,61 @@ func TestKeyringPermissionWarning(t *testing.T) {
 			}
 			stopGracefully(t, s)
 		}
+	}
+}
+
+// idem proxy over a store written without keys: with --encryption-keys
+// alone the stored response answers 503 record_unreadable and the upstream
+// is not called again; with --accept-plaintext it replays byte for byte.
+func TestProxyAcceptPlaintext(t *testing.T) {
+	t.Parallel()
+	calls := make(chan struct{}, 100)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls <- struct{}{}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"transfer":%d}`, len(calls))
+	}))
+	t.Cleanup(upstream.Close)
+	records := filepath.Join(t.TempDir(), "proxy.db")
+	keys := keyringFile(t, map[string]string{}, "k1")
+	key := "transfer-" + randomName(6)
+	send := func(s *server) reply {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, s.url+"/transfers", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(idem.HeaderKey, idem.FormatKey(key))
+		req.Header.Set("Authorization", "Bearer tenant-a")
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return reply{from: s.name, status: resp.StatusCode, header: resp.Header, body: b}
+	}
+	plain := startCommand(t, "proxy-plain", "proxy", "--upstream", upstream.URL, "--store", records)
+	first := send(plain)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %v", first)
+	}
+	stopGracefully(t, plain)
+
+	strict := startCommand(t, "proxy-keys", "proxy", "--upstream", upstream.URL, "--store", records, "--encryption-keys", keys)
+	if r := send(strict); r.status != http.StatusServiceUnavailable || r.problemCode() != idem.CodeRecordUnreadable {
+		t.Fatalf("keys alone: %v, want 503 %s", r, idem.CodeRecordUnreadable)
+	}
+	stopGracefully(t, strict)
+
+	lenient := startCommand(t, "proxy-accept", "proxy", "--upstream", upstream.URL, "--store", records,
+		"--encryption-keys", keys, "--accept-plaintext")
+	r := send(lenient)
+	if r.replayed() != "true" {
+		t.Errorf("with --accept-plaintext: %v, want a replay", r)
+	}
+	checkReplay(t, first, r)
+	if len(calls) != 1 {
+		t.Errorf("the upstream was called %d times, want 1", len(calls))
 	}
 }
