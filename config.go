@@ -259,12 +259,14 @@ type Config struct {
 	// false: fail closed.
 	FailOpen bool
 
-	// Encryption, when set, encrypts every stored response and binds it to
-	// its record (and, with EncryptionConfig.HashKey, hashes the scope and
-	// key the stores see). A completed record that cannot be decrypted is
-	// answered with ErrRecordUnreadable (503), never replayed and never
-	// executed again. See NewEncryption. Defaults to nil: responses are
-	// stored as they are, and an encrypted record is unreadable.
+	// Encryption, when set, encrypts every stored response and recovery
+	// point and binds each to its record (and, with
+	// EncryptionConfig.HashKey, hashes the scope and key the stores see).
+	// A record that cannot be decrypted is answered with
+	// ErrRecordUnreadable (503), never replayed, resumed or executed
+	// again. See NewEncryption. Defaults to nil: responses and recovery
+	// points are stored as they are, and an encrypted record is
+	// unreadable.
 	Encryption *Encryption
 	// ProblemBaseURL is the base of the "type" URI of idem's own problems:
 	// the problem code is appended to it (so a base ending in "#" names an

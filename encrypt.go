@@ -19,30 +19,37 @@ import (
 )
 
 // ErrRecordUnreadable is returned by Executor.Do (and answered with 503
-// idempotency.record_unreadable) when a completed record exists but its
-// response cannot be decrypted: its key id is no longer in the keyring, the
-// ciphertext was altered or copied from another record, or the record is
-// encrypted and no keys are configured (or not encrypted and plaintext is
-// not accepted). The key stays completed: the operation is never executed
-// again and nothing undecryptable is replayed. It is not a store failure,
-// so Config.FailOpen does not apply to it.
-var ErrRecordUnreadable = errors.New("idem: the stored response cannot be decrypted")
+// idempotency.record_unreadable) when a record exists but what it holds
+// cannot be decrypted: the stored response of a completed record, or the
+// recovery point (see Step) of one in flight. Its key id is no longer in
+// the keyring, the ciphertext was altered or copied from another record,
+// or the record is encrypted and no keys are configured (or not encrypted
+// and plaintext is not accepted). The key keeps its record: the operation
+// is never executed again (nor resumed) and nothing undecryptable is
+// replayed. It is not a store failure, so Config.FailOpen does not apply
+// to it.
+var ErrRecordUnreadable = errors.New("idem: the stored record cannot be decrypted")
 
 // Encryption protects what idem stores (set it as Config.Encryption):
 //
 //   - every stored response (status, header fields, body) is sealed with
 //     AES-256-GCM under a random data key of its own, and that data key is
 //     wrapped by the KeyProvider, whose key id is stored with the record;
+//   - every recovery point of a multi-step operation (see Step) is sealed
+//     the same way each time it is saved (see SealCheckpoint);
 //   - the record's scope and key are authenticated as associated data of
-//     both, so a ciphertext moved to another record does not decrypt;
+//     both (and, for a recovery point, its fingerprint), so a ciphertext
+//     moved to another record does not decrypt;
 //   - optionally (EncryptionConfig.HashKey) the stores hold an HMAC of the
 //     scope and the key instead of the client's values.
 //
 // It works in the core, on the Response handed to Store.Complete (and
-// StoreTx.Complete) and returned by Store.Claim, so every store gets it
-// and keeps its optional capabilities. An Encryption is immutable and safe
-// for concurrent use. Its methods accept a nil receiver, which means
-// encryption off.
+// StoreTx.Complete) and returned by Store.Claim, and on the checkpoints
+// handed to StepStore.SaveCheckpoint (and CheckpointTx) and returned by
+// Store.Claim and StepStore.Stuck, so every store gets it and keeps its
+// optional capabilities. What stays in clear is listed in docs/security.md.
+// An Encryption is immutable and safe for concurrent use. Its methods
+// accept a nil receiver, which means encryption off.
 type Encryption struct {
 	keys            KeyProvider
 	hashKey         []byte
@@ -62,16 +69,32 @@ type EncryptionConfig struct {
 	// the same for as long as records live: with another HashKey every
 	// stored record is out of reach, and a retry of an operation already
 	// executed would run it again. It therefore never rotates with the
-	// keyring. Defaults to none: scope and key are stored as they are.
+	// keyring, and is turned on only with a store that holds no records
+	// (a new table, schema or key prefix): records written without it are
+	// out of reach the same way. Defaults to none: scope and key are
+	// stored as they are.
 	HashKey []byte
 
-	// AcceptPlaintext replays records that are not encrypted: those written
-	// before encryption was turned on, within their TTL. Without it such a
-	// record is answered with 503 idempotency.record_unreadable, since with
-	// encryption on no unencrypted record should exist. While it is set,
-	// someone who can write to the store can also plant a plain record that
-	// will be replayed, so turn it off once a TTL has passed since
-	// encryption was turned on. Defaults to false.
+	// AcceptPlaintext accepts records that are not encrypted: those
+	// written before encryption was turned on, within their TTL. A
+	// completed one replays its response; one in flight resumes from its
+	// recovery point, and the checkpoints it saves from then on are
+	// sealed. Everything written with the Encryption is sealed either way.
+	// Without it such a record is answered with ErrRecordUnreadable (503
+	// idempotency.record_unreadable), since with encryption on no record
+	// in clear should exist.
+	//
+	// A record is in clear or sealed by its form alone (a response without
+	// the envelope field, a checkpoint that starts with '{'): a sealed one
+	// that does not open is unreadable, with or without AcceptPlaintext,
+	// and is never read as plaintext. The trade-off: while it is set,
+	// someone who can write to the store can plant a record in clear (or
+	// replace a sealed one with one in clear) that will be replayed or
+	// resumed, so turn it off once a TTL has passed since encryption was
+	// turned on; no record in clear is left by then. It cannot be combined
+	// with HashKey: records written before HashKey are stored under the
+	// clear scope and key, which lookups under the digests never find (a
+	// retry would run again instead of replaying). Defaults to false.
 	AcceptPlaintext bool
 }
 
@@ -90,6 +113,9 @@ func NewEncryption(keys KeyProvider, cfg *EncryptionConfig) (*Encryption, error)
 			e.hashKey = nil
 		}
 		e.acceptPlaintext = cfg.AcceptPlaintext
+		if e.acceptPlaintext && e.hashKey != nil {
+			return nil, errors.New("idem: encryption: AcceptPlaintext cannot be combined with HashKey: records stored in clear are named by the clear scope and key, which lookups under HashKey's digests never find, so their retries would run again; turn HashKey on only with an empty store")
+		}
 	}
 	e.macs.New = func() any { return hmac.New(sha256.New, e.hashKey) }
 	return e, nil
@@ -177,7 +203,7 @@ func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (
 		if e == nil || e.acceptPlaintext {
 			return r, nil
 		}
-		return nil, fmt.Errorf("%w: the record is not encrypted (EncryptionConfig.AcceptPlaintext is off)", ErrRecordUnreadable)
+		return nil, fmt.Errorf("%w: the response is stored in clear and AcceptPlaintext is off (EncryptionConfig.AcceptPlaintext; idem serve|proxy --accept-plaintext)", ErrRecordUnreadable)
 	}
 	if e == nil {
 		return nil, fmt.Errorf("%w: the record is encrypted and no encryption keys are configured", ErrRecordUnreadable)
@@ -264,12 +290,13 @@ func newGCM(key []byte) (cipher.AEAD, error) {
 	return cipher.NewGCM(block)
 }
 
-// unreadable reports a completed record whose response cannot be opened:
-// logged as an error (the operator must restore a key or investigate
-// tampering), observed as a store error with CodeRecordUnreadable, and
-// returned as an error wrapping ErrRecordUnreadable.
-func (e *Executor) unreadable(ctx context.Context, p DoParams, start time.Time, err error) error {
-	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored response cannot be decrypted; answering 503 without executing",
+// unreadable reports a record whose response (what is "response") or
+// recovery point (what is "recovery point") cannot be opened: logged as an
+// error (the operator must restore a key or investigate tampering),
+// observed as a store error with CodeRecordUnreadable, and returned as an
+// error wrapping ErrRecordUnreadable.
+func (e *Executor) unreadable(ctx context.Context, p DoParams, start time.Time, what string, err error) error {
+	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored "+what+" cannot be decrypted; answering 503 without executing",
 		slog.String("operation", p.Operation), keyAttr(p.Key), slog.Any("error", err))
 	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable, Err: err}, start)
 	return err

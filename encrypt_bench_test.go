@@ -105,3 +105,31 @@ func BenchmarkSealOpen(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkSealOpenCheckpoint measures the envelope of one recovery point
+// of idem serve --provider's size (a payment step and a charge step, about
+// 460 bytes): paid once per saved step and once per take-over.
+func BenchmarkSealOpenCheckpoint(b *testing.B) {
+	enc := newEncryption(b, nil, "1")
+	ctx := context.Background()
+	cp := bytes.Repeat([]byte("x"), 460)
+	cp[0] = '{'
+	const scope, fp = "8:tenant-1|POST /api/payments", "v1:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	b.Run("seal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := enc.SealCheckpoint(ctx, scope, "key", fp, cp); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	sealed, _ := enc.SealCheckpoint(ctx, scope, "key", fp, cp)
+	b.Run("open", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := enc.OpenCheckpoint(ctx, scope, "key", fp, sealed); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

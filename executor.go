@@ -246,7 +246,7 @@ func (e *Executor) replay(ctx context.Context, p DoParams, resp *Response, res *
 	}
 	resp, err := e.cfg.Encryption.Open(ctx, p.Scope, p.Key, resp)
 	if err != nil {
-		return e.unreadable(ctx, p, start, err)
+		return e.unreadable(ctx, p, start, "response", err)
 	}
 	if resp.Unreplayable {
 		res.Response = &Response{StatusCode: resp.StatusCode}
@@ -354,6 +354,10 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: took over a record whose lease had expired",
 			slog.String("operation", p.Operation), keyAttr(p.Key))
 	}
+	checkpoint, err := e.openCheckpoint(ctx, p, cp, cr.Record.Checkpoint, start)
+	if err != nil {
+		return res, err
+	}
 	// Store calls made for the execution (renewals, the transaction, the
 	// outcome) keep the request's values but not its cancellation: work
 	// that was done is recorded even if the client has gone. Each call is
@@ -373,7 +377,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	case e.txStore != nil:
 		x.tx = &txHolder{store: e.txStore, ctx: detached, timeout: e.cfg.StoreTimeout}
 	}
-	x.steps.init(e, cp, x.tx, cr.Record.Checkpoint)
+	x.steps.init(e, p, cp, x.tx, checkpoint)
 	opCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if !x.claimed() {

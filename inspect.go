@@ -19,8 +19,11 @@ var ErrNotFound = errors.New("idem: no such record")
 // Expired records behave as absent, as they do for Claim. Stores decide
 // expiry as they do for Claim (the Now given, or their server's clock).
 type Inspector interface {
-	// Get returns the record at (Scope, Key), with its stored response,
-	// or ErrNotFound.
+	// Get returns the record at (Scope, Key), with its stored response
+	// (completed) or, on a StepStore, its checkpoint (in flight: the bytes
+	// SaveCheckpoint last stored, nil if none), or ErrNotFound. Both are
+	// what the store holds: sealed with Config.Encryption (see
+	// Encryption.Open and Encryption.OpenCheckpoint).
 	Get(ctx context.Context, p GetParams) (RecordInfo, error)
 
 	// List returns at most Limit unexpired records, without their
@@ -77,7 +80,8 @@ type RecordInfo struct {
 	// Redis key), for operators who look at the backend directly.
 	ID string
 	// Record holds the state, fingerprint, retention, lease (in flight)
-	// and, from Get, the stored response (completed).
+	// and, from Get, the stored response (completed) or checkpoint (in
+	// flight).
 	Record
 	// ResponseSize is the size in bytes of the stored, encoded response
 	// (status, header fields and body); 0 while in flight.

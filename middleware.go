@@ -251,8 +251,8 @@ func (m *Middleware) problemFor(err error, res *Result) *Problem {
 			RetryAfter: retryAfter}
 	case errors.Is(err, ErrRecordUnreadable):
 		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable,
-			Title:      "The stored response for this Idempotency-Key cannot be read",
-			Detail:     "The request was already executed, but its stored response cannot be decrypted here. It will not be executed again with this key; retry later.",
+			Title:      "The stored record for this Idempotency-Key cannot be read",
+			Detail:     "The request was already executed, in whole or in part, but what was stored for it cannot be decrypted here. It will not be executed again with this key; retry later.",
 			RetryAfter: retryAfter}
 	case errors.Is(err, ErrStoreUnavailable):
 		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,

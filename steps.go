@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 )
 
 // Step errors.
@@ -56,10 +57,16 @@ const MaxCheckpoint = 64 << 10
 
 // ParseCheckpoint decodes a checkpoint (Record.Checkpoint,
 // StuckRecord.Checkpoint) into its steps, in the order they were first
-// recorded. An empty checkpoint has no steps.
+// recorded. An empty checkpoint has no steps. A checkpoint sealed by
+// Config.Encryption must be opened first (Encryption.OpenCheckpoint;
+// Executor.Reconcile hands its resume function opened ones): ParseCheckpoint
+// refuses it with an error wrapping ErrRecordUnreadable.
 func ParseCheckpoint(b []byte) ([]StepState, error) {
 	if len(b) == 0 {
 		return nil, nil
+	}
+	if b[0] != '{' {
+		return nil, fmt.Errorf("%w: the checkpoint is encrypted or not JSON: open it with Encryption.OpenCheckpoint", ErrRecordUnreadable)
 	}
 	if len(b) > MaxCheckpoint {
 		return nil, fmt.Errorf("idem: checkpoint of %d bytes, limit %d", len(b), MaxCheckpoint)
@@ -90,9 +97,12 @@ type stepRun struct {
 	e      *Executor
 	ss     StepStore
 	holder *txHolder
-	scope  string
+	scope  string // the record as stores name it
 	key    string
 	token  string
+	// name is the record as the client named it, with its fingerprint:
+	// what a sealed checkpoint is bound to.
+	name DoParams
 
 	mu    sync.Mutex
 	steps []StepState
@@ -105,8 +115,11 @@ type stepRun struct {
 	suspended bool
 }
 
-func (r *stepRun) init(e *Executor, cp ClaimParams, holder *txHolder, checkpoint []byte) {
+// init prepares the step state of an execution of p under the claim cp;
+// checkpoint is the record's recovery point, opened (see openCheckpoint).
+func (r *stepRun) init(e *Executor, p DoParams, cp ClaimParams, holder *txHolder, checkpoint []byte) {
 	r.e, r.holder, r.scope, r.key, r.token = e, holder, cp.Scope, cp.Key, cp.Token
+	r.name = DoParams{Scope: p.Scope, Key: p.Key, Fingerprint: cp.Fingerprint}
 	r.ss, _ = e.store.(StepStore)
 	if r.ss != nil && len(checkpoint) > 0 {
 		r.steps, r.err = ParseCheckpoint(checkpoint)
@@ -140,7 +153,9 @@ func (r *stepRun) init(e *Executor, cp ClaimParams, holder *txHolder, checkpoint
 // ended lease, so the next attempt with the same key (or a reconciler,
 // see Executor.Reconcile) resumes after the last completed step. Steps
 // run in the order the operation calls them; name them uniquely. Step
-// data is bounded by MaxCheckpoint in total.
+// data is bounded by MaxCheckpoint in total. With Config.Encryption every
+// recovery point is sealed before it is stored, and one that cannot be
+// opened is never resumed (ErrRecordUnreadable).
 func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	r := stepRunFrom(ctx)
 	if r == nil || r.ss == nil {
@@ -227,13 +242,19 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 		return err
 	}
 	if len(enc) > MaxCheckpoint {
+		r.rollback()
 		return fmt.Errorf("idem: step %q: checkpoint of %d bytes, limit %d", st.Name, len(enc), MaxCheckpoint)
 	}
-	p := SaveCheckpointParams{Scope: r.scope, Key: r.key, Token: r.token, Checkpoint: enc}
 	// Committing a step that was done must not depend on the client still
 	// waiting; StoreTimeout bounds it instead.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.StoreTimeout)
 	defer cancel()
+	if enc, err = r.seal(sctx, enc); err != nil {
+		// Nothing of the step may commit with a later one.
+		r.rollback()
+		return fmt.Errorf("%w: step %q: %w", ErrStoreUnavailable, st.Name, err)
+	}
+	p := SaveCheckpointParams{Scope: r.scope, Key: r.key, Token: r.token, Checkpoint: enc}
 	tx, end := r.holder.take()
 	defer end()
 	p.Now = r.e.cfg.NowFunc()
@@ -305,9 +326,68 @@ func (r *stepRun) suspend(ctx context.Context, ids ReleaseParams) error {
 	}
 	sctx, cancel := context.WithTimeout(ctx, r.e.cfg.StoreTimeout)
 	defer cancel()
+	if enc, err = r.seal(sctx, enc); err != nil {
+		return err
+	}
 	return r.ss.SaveCheckpoint(sctx, SaveCheckpointParams{
 		Scope: ids.Scope, Key: ids.Key, Token: ids.Token, Checkpoint: enc, EndLease: true, Now: r.e.cfg.NowFunc(),
 	})
+}
+
+// seal returns the form of an encoded checkpoint to store: sealed and
+// bound to the record with Config.Encryption, as it is without.
+func (r *stepRun) seal(ctx context.Context, enc []byte) ([]byte, error) {
+	return r.e.cfg.Encryption.SealCheckpoint(ctx, r.name.Scope, r.name.Key, r.name.Fingerprint, enc)
+}
+
+// openCheckpoint returns the recovery point a claim of p returned (stored,
+// possibly sealed), opened with Config.Encryption. If it cannot be opened,
+// the operation must not run: its steps would start again from nothing. The
+// record then keeps its stored checkpoint as it is (a restored key can
+// still open it) with its lease ended, so that the next attempt is not
+// held up for a lease, and the error, wrapping ErrRecordUnreadable, is
+// logged and reported.
+func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp ClaimParams, stored []byte, start time.Time) ([]byte, error) {
+	if len(stored) == 0 {
+		return nil, nil
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
+	defer cancel()
+	plain, err := e.cfg.Encryption.OpenCheckpoint(sctx, p.Scope, p.Key, cp.Fingerprint, stored)
+	if err == nil {
+		return plain, nil
+	}
+	if ss, ok := e.store.(StepStore); ok {
+		if kerr := ss.SaveCheckpoint(sctx, SaveCheckpointParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token,
+			Checkpoint: stored, EndLease: true, Now: e.cfg.NowFunc()}); kerr != nil && !errors.Is(kerr, ErrLeaseLost) {
+			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: ending the lease of a record whose recovery point cannot be decrypted failed; it stays in flight until its lease expires",
+				slog.String("operation", p.Operation), keyAttr(p.Key), slog.Any("error", kerr))
+		}
+	}
+	return nil, e.unreadable(ctx, p, start, "recovery point", err)
+}
+
+// reconcileOne resumes one stuck record; ErrInFlight means another
+// attempt is running it.
+func (e *Executor) reconcileOne(ctx context.Context, p ReconcileParams, rec StuckRecord, resume func(ctx context.Context, rec StuckRecord) (Operation, error)) error {
+	// The resume function reads the steps: it gets them opened. Do opens
+	// the checkpoint again from its own claim.
+	octx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	cp, err := e.cfg.Encryption.OpenCheckpoint(octx, rec.Scope, rec.Key, rec.Fingerprint, rec.Checkpoint)
+	cancel()
+	if err != nil {
+		return err
+	}
+	rec.Checkpoint = cp
+	op, err := resume(ctx, rec)
+	if err != nil {
+		return err
+	}
+	r, err := e.Do(ctx, DoParams{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint, Operation: p.Operation}, op)
+	if err == nil && (r.Released || r.Suspended) {
+		err = errors.New("the operation ended without a stored outcome")
+	}
+	return err
 }
 
 // take hands over the open transaction, if any, with the function that
@@ -359,6 +439,9 @@ type ReconcileResult struct {
 // same derived keys. An operation that another attempt is running
 // (ErrInFlight) is left to it. Run Reconcile periodically, from one or many
 // instances: the claims keep each operation to one runner at a time.
+// resume gets the record's checkpoint opened (see Config.Encryption); a
+// record whose checkpoint cannot be opened counts as failed, with an error
+// wrapping ErrRecordUnreadable, and is not resumed.
 //
 // It returns ErrStepsUnsupported if the store is not a StepStore, and with
 // EncryptionConfig.HashKey, whose records do not hold the client's key.
@@ -392,23 +475,15 @@ func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func
 		if err := ctx.Err(); err != nil {
 			return res, errors.Join(append(errs, err)...)
 		}
-		op, err := resume(ctx, rec)
-		if err == nil {
-			var r *Result
-			r, err = e.Do(ctx, DoParams{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint, Operation: p.Operation}, op)
-			switch {
-			case errors.Is(err, ErrInFlight):
-				continue
-			case err == nil && (r.Released || r.Suspended):
-				err = errors.New("the operation ended without a stored outcome")
-			}
-		}
-		if err != nil {
+		err := e.reconcileOne(ctx, p, rec, resume)
+		switch {
+		case errors.Is(err, ErrInFlight):
+		case err != nil:
 			res.Failed++
 			errs = append(errs, fmt.Errorf("idem: reconcile %s: %w", RedactKey(rec.Key), err))
-			continue
+		default:
+			res.Completed++
 		}
-		res.Completed++
 	}
 	return res, errors.Join(errs...)
 }

@@ -321,7 +321,9 @@ type Watcher interface {
 // multi-step operations (see Step). A record in flight may hold a
 // checkpoint, opaque bytes the core writes; a claim that takes the record
 // over returns it in Record.Checkpoint, so the new owner resumes after the
-// last committed step. memstore, sqlitestore and pgstore implement it.
+// last committed step. With Config.Encryption the core hands stores sealed
+// checkpoints (binary, not JSON): a store keeps any bytes exactly as given.
+// memstore, sqlitestore and pgstore implement it.
 type StepStore interface {
 	Store
 
@@ -331,7 +333,8 @@ type StepStore interface {
 	// live lease, so the next claim with the same fingerprint takes it
 	// over at once. It returns ErrLeaseLost, changing nothing, if Token
 	// does not own an in-flight record at (Scope, Key): a stale owner
-	// cannot commit a step.
+	// cannot commit a step. Complete (and StoreTx.Complete) discards the
+	// record's checkpoint: a completed record holds none.
 	SaveCheckpoint(ctx context.Context, p SaveCheckpointParams) error
 
 	// Stuck returns at most Limit unexpired in-flight records that hold a

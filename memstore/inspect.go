@@ -17,7 +17,7 @@ func (s *Store) info(k recordKey, r *record, withResponse bool) idem.RecordInfo 
 		ri.ResponseSize = r.resp.EncodedSize()
 	}
 	if !withResponse {
-		ri.Response = nil
+		ri.Response, ri.Checkpoint = nil, nil
 	}
 	return ri
 }

@@ -12,18 +12,19 @@ import (
 
 var _ idem.Inspector = (*Store)(nil)
 
-// Get implements idem.Inspector. Expiry is decided by the database's clock;
-// p.Now is ignored.
+// Get implements idem.Inspector, with the checkpoint of a record in
+// flight. Expiry is decided by the database's clock; p.Now is ignored.
 func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, error) {
 	var (
-		fp        string
-		leaseEnd  *time.Time
-		expiresAt time.Time
-		resp      []byte
+		fp         string
+		leaseEnd   *time.Time
+		expiresAt  time.Time
+		resp       []byte
+		checkpoint []byte
 	)
-	err := s.pool.QueryRow(ctx, `SELECT fingerprint, lease_expires_at, expires_at, response FROM `+s.table+
+	err := s.pool.QueryRow(ctx, `SELECT fingerprint, lease_expires_at, expires_at, response, checkpoint FROM `+s.table+
 		` WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`, p.Scope, p.Key).
-		Scan(&fp, &leaseEnd, &expiresAt, &resp)
+		Scan(&fp, &leaseEnd, &expiresAt, &resp, &checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.RecordInfo{}, idem.ErrNotFound
 	}
@@ -36,6 +37,8 @@ func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, err
 		if err := ri.Response.UnmarshalBinary(resp); err != nil {
 			return idem.RecordInfo{}, fmt.Errorf("pgstore: get: stored response: %w", err)
 		}
+	} else if len(checkpoint) > 0 {
+		ri.Checkpoint = checkpoint
 	}
 	return ri, nil
 }

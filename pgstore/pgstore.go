@@ -323,7 +323,7 @@ WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
 	// behaves as absent even before DeleteExpired removes it.
 	owned := ` WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > statement_timestamp()`
 	s.renewSQL = `UPDATE ` + t + ` SET lease_expires_at = statement_timestamp() + $4::interval` + owned
-	s.completeSQL = `UPDATE ` + t + ` SET response = $4, token = NULL, lease_expires_at = NULL` + owned
+	s.completeSQL = `UPDATE ` + t + ` SET response = $4, token = NULL, lease_expires_at = NULL, checkpoint = NULL` + owned
 	// The completion of a ClaimTx transaction, sent in one round trip with
 	// COMMIT: if the token does not own the record it fails (a division
 	// by zero, SQLSTATE 22012), so that the COMMIT behind it cannot

@@ -81,3 +81,30 @@ func (r sqliteRaw) SetResponse(t *testing.T, scope, key string, b []byte) {
 		t.Fatalf("SetResponse updated %d rows", n)
 	}
 }
+
+// Checkpoint and SetCheckpoint implement storetest.RawCheckpoints.
+func (r sqliteRaw) Checkpoint(t *testing.T, scope, key string) []byte {
+	t.Helper()
+	var b []byte
+	err := r.db.QueryRowContext(context.Background(),
+		`SELECT checkpoint FROM `+sqlitestore.DefaultTable+` WHERE scope = ? AND key = ?`, scope, key).Scan(&b)
+	if err == sql.ErrNoRows {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (r sqliteRaw) SetCheckpoint(t *testing.T, scope, key string, b []byte) {
+	t.Helper()
+	res, err := r.db.ExecContext(context.Background(),
+		`UPDATE `+sqlitestore.DefaultTable+` SET checkpoint = ? WHERE scope = ? AND key = ?`, b, scope, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		t.Fatalf("SetCheckpoint updated %d rows", n)
+	}
+}

@@ -11,15 +11,17 @@ import (
 
 var _ idem.Inspector = (*Store)(nil)
 
-// Get implements idem.Inspector. It reads through the read-only pool.
+// Get implements idem.Inspector, with the checkpoint of a record in
+// flight. It reads through the read-only pool.
 func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, error) {
 	var (
-		r    row
-		resp []byte
+		r          row
+		resp       []byte
+		checkpoint []byte
 	)
-	err := s.reader.QueryRowContext(ctx, `SELECT fingerprint, state, lease_until, expires_at, response FROM `+s.table+
+	err := s.reader.QueryRowContext(ctx, `SELECT fingerprint, state, lease_until, expires_at, response, checkpoint FROM `+s.table+
 		` WHERE scope = ? AND key = ? AND expires_at > ?`, p.Scope, p.Key, p.Now.UnixNano()).
-		Scan(&r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &resp)
+		Scan(&r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &resp, &checkpoint)
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.RecordInfo{}, idem.ErrNotFound
 	}
@@ -32,6 +34,8 @@ func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, err
 		if err := ri.Response.UnmarshalBinary(resp); err != nil {
 			return idem.RecordInfo{}, fmt.Errorf("sqlitestore: get: stored response: %w", err)
 		}
+	} else if len(checkpoint) > 0 {
+		ri.Checkpoint = checkpoint
 	}
 	return ri, nil
 }

@@ -325,7 +325,7 @@ func newSQLTexts(t string) sqlTexts {
 			ORDER BY lease_until LIMIT ?`,
 		renew: `UPDATE ` + t + ` SET lease_until = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
-		complete: `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?
+		complete: `UPDATE ` + t + ` SET state = 2, token = NULL, response = ?, checkpoint = NULL
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
 		release: `DELETE FROM ` + t + ` WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
 		deleteExpired: `DELETE FROM ` + t + ` WHERE (scope, key) IN

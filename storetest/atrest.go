@@ -58,7 +58,11 @@ const (
 //   - rotation: records written under key 1 replay after a restart with keys
 //     1 and 2, which writes new records under key 2; after a restart with key
 //     2 alone the records under key 1 answer 503 and never run again, and
-//     those under key 2 replay.
+//     those under key 2 replay;
+//   - on a StepStore, recovery points are sealed, bound to their record and
+//     never read as plaintext when altered, and records written before
+//     encryption are accepted only with AcceptPlaintext (see RawCheckpoints
+//     for the cases that alter stored checkpoints).
 func RunAtRest(t *testing.T, h AtRestHarness) {
 	if h.NewStore == nil {
 		t.Fatal("storetest: AtRestHarness.NewStore is nil")
@@ -68,6 +72,7 @@ func RunAtRest(t *testing.T, h AtRestHarness) {
 	t.Run("TamperedFailsClosed", func(t *testing.T) { t.Parallel(); testTampered(t, h, false) })
 	t.Run("CopiedFailsClosed", func(t *testing.T) { t.Parallel(); testTampered(t, h, true) })
 	t.Run("Rotation", func(t *testing.T) { t.Parallel(); testRotation(t, h) })
+	runAtRestSteps(t, h)
 }
 
 // atRestKey derives a deterministic 32-byte key from a name.

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 
@@ -56,6 +57,34 @@ func testInspect(t *testing.T, h Harness) {
 		}
 		if want := b.seal(p, resp).EncodedSize(); ri.ResponseSize != want {
 			t.Errorf("ResponseSize = %d, want %d", ri.ResponseSize, want)
+		}
+	})
+
+	t.Run("GetCheckpoint", func(t *testing.T) {
+		b, in := inspector(t)
+		ss, ok := b.store.(idem.StepStore)
+		if !ok {
+			t.Skip("the store does not implement idem.StepStore")
+		}
+		p := b.acquire(fpA)
+		// Binary, as a sealed checkpoint is: a zero byte, invalid UTF-8.
+		cp := []byte("\x00idemcp1\xff\xfe{not json}\x00")
+		if err := ss.SaveCheckpoint(b.ctx, idem.SaveCheckpointParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+			Checkpoint: cp, Now: b.clock.Now()}); err != nil {
+			t.Fatalf("SaveCheckpoint: %v", err)
+		}
+		ri, err := get(b, in, p)
+		if err != nil {
+			t.Fatalf("Get in flight: %v", err)
+		}
+		if !bytes.Equal(ri.Checkpoint, cp) {
+			t.Errorf("Get in flight: checkpoint %q, want %q", ri.Checkpoint, cp)
+		}
+		if err := b.complete(p, sampleResponse()); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		if ri, err = get(b, in, p); err != nil || ri.Checkpoint != nil {
+			t.Errorf("Get completed: checkpoint %q, %v; want none", ri.Checkpoint, err)
 		}
 	})
 

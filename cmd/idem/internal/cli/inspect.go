@@ -21,12 +21,13 @@ import (
 // redis://) through the idem.Inspector capability.
 
 const inspectAbout = `Shows the idempotency record for KEY: its state, lease, expiry, fingerprint
-version and sizes. The stored response's header fields and body are shown only
-with --show-body (they may hold personal data). Without --scope, every scope
-holding KEY is shown (Redis keeps keys only hashed and needs --scope; idem ls
-prints the scopes). A response stored encrypted (idem serve|proxy
---encryption-keys) is shown only with the same --encryption-keys. Exit status
-1 when there is no such record.`
+version and sizes, and the steps of an in-flight record's recovery point. The
+stored response's header fields and body, and the data of the steps, are
+shown only with --show-body (they may hold personal data). Without --scope,
+every scope holding KEY is shown (Redis keeps keys only hashed and needs
+--scope; idem ls prints the scopes). A response or recovery point stored
+encrypted (idem serve|proxy --encryption-keys) is shown only with the same
+--encryption-keys. Exit status 1 when there is no such record.`
 
 const lsAbout = `Lists unexpired idempotency records, sorted by scope and key (Redis: in its
 own order, and by Redis key name, since it keeps scopes and keys only hashed).`
@@ -50,7 +51,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if code != exitOK {
 		return code
 	}
-	enc, _, err := loadEncryption(*encKeys)
+	enc, _, err := loadEncryption(*encKeys, nil, func(msg string) { fmt.Fprintf(stderr, "idem inspect: warning: %s\n", msg) })
 	if err != nil {
 		fmt.Fprintf(stderr, "idem inspect: --encryption-keys: %v\n", err)
 		return exitError
@@ -71,6 +72,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitError
 	}
 	notes := openResponses(ctx, enc, recs)
+	openCheckpoints(ctx, enc, recs, notes)
 	if *asJSON {
 		out := make([]recordJSON, len(recs))
 		for i, r := range recs {
@@ -343,6 +345,7 @@ func printRecord(w io.Writer, r idem.RecordInfo, showBody bool, encryption strin
 	if encryption != "" {
 		line("encryption", "%s", encryption)
 	}
+	printSteps(line, r)
 	if resp := r.Response; resp != nil {
 		line("response status", "%d", resp.StatusCode)
 		line("response size", "%d bytes stored (body %d bytes, %d header fields)", r.ResponseSize, len(resp.Body), len(resp.Header))
@@ -371,6 +374,9 @@ func printRecord(w io.Writer, r idem.RecordInfo, showBody bool, encryption strin
 			fmt.Fprintln(w)
 		}
 	}
+	if showBody {
+		printStepData(w, r)
+	}
 }
 
 func leaseState(t time.Time) string {
@@ -396,10 +402,13 @@ type recordJSON struct {
 	Unreplayable       bool                `json:"unreplayable,omitempty"`
 	Header             map[string][]string `json:"header,omitempty"`
 	Body               *string             `json:"body,omitempty"`
-	// Encryption says whether the stored response is encrypted and
-	// whether --encryption-keys decrypted it; absent for one stored in
-	// clear.
+	// Encryption says whether the stored response (or recovery point) is
+	// encrypted and whether --encryption-keys decrypted it; absent for one
+	// stored in clear.
 	Encryption string `json:"encryption,omitempty"`
+	// Steps are the steps of an in-flight record's recovery point (with
+	// their data under --show-body).
+	Steps []stepJSON `json:"steps,omitempty"`
 }
 
 func toJSON(r idem.RecordInfo, showBody bool) recordJSON {
@@ -407,6 +416,7 @@ func toJSON(r idem.RecordInfo, showBody bool) recordJSON {
 		FingerprintVersion: r.FingerprintVersion(), ExpiresAt: r.ExpiresAt, ResponseSize: r.ResponseSize}
 	if r.State == idem.StateInFlight {
 		j.LeaseExpiresAt = &r.LeaseExpiresAt
+		j.Steps = stepsJSON(r, showBody)
 	}
 	if resp := r.Response; resp != nil {
 		n := len(resp.Body)

@@ -30,7 +30,7 @@ func TestInspectEncryptedRecord(t *testing.T) {
 		return path
 	}
 	keys, other := writeKeys("keys", 'a'), writeKeys("other", 'b')
-	enc, _, err := loadEncryption(keys)
+	enc, _, err := loadEncryption(keys, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a record and its response are kept; retries within it replay")
 	upstreamTimeout := f.Duration("upstream-timeout", proxy.DefaultUpstreamTimeout, "how long the upstream may take to answer (the whole exchange for\nprotected requests, the response header for others); then 504 and\nthe key is released")
 	scopeHeader := f.String("scope-header", proxy.DefaultScopeHeader, "request header whose SHA-256 scopes records (one client's keys\nnever meet another's; a protected request without it gets 400\nproxy.scope_missing); none: one key space for every client")
-	encKeys := f.encryptionFlag()
+	encFlags := f.encryptionFlags()
 	maxRequest := proxy.SizeFlag(idem.DefaultMaxRequestBody)
 	f.Var(&maxRequest, "max-request-body", "largest body of a protected request (413 above it); units KiB, MiB,\nKB, MB...")
 	maxResponse := proxy.SizeFlag(idem.DefaultMaxResponseBody)
@@ -112,10 +112,10 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 
-	enc, encAttr, err := loadEncryption(*encKeys)
+	enc, encAttr, err := encFlags.load(logger, longestTTL(*ttl, file))
 	if err != nil {
-		fmt.Fprintf(stderr, "idem proxy: --encryption-keys: %v\n", err)
-		return exitError
+		fmt.Fprintf(stderr, "idem proxy: %v\n", err)
+		return exitCodeOf(err)
 	}
 
 	store, err := backend.Open(ctx, *storeSpec)

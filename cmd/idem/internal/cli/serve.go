@@ -37,7 +37,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\na redis+cluster://host:port,host:port URL (a Redis Cluster), another\nSQLite path or postgres:// URL; default: the --db database, in the\nsame transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
-	encKeys := f.encryptionFlag()
+	encFlags := f.encryptionFlags()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
 	claimInTx := f.Bool("claim-in-tx", true, "claim a new key inside the payment's transaction, so that a first\nexecution commits once (records in --db only; not with --op-delay or\n--provider, whose operations run outside the database)")
 	ef := f.eventsFlags()
@@ -75,10 +75,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
 	}
-	enc, encAttr, err := loadEncryption(*encKeys)
+	enc, encAttr, err := encFlags.load(logger, *ttl)
 	if err != nil {
-		fmt.Fprintf(stderr, "idem serve: --encryption-keys: %v\n", err)
-		return exitError
+		fmt.Fprintf(stderr, "idem serve: %v\n", err)
+		return exitCodeOf(err)
 	}
 	if k, err := backend.KindOf(*db); err != nil {
 		return f.usageError("--db: %v", err)
