@@ -76,6 +76,7 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzAppendJSONString
 		github.com/idemhq/idem/cmd/idem/internal/backend FuzzKindOf
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzDroppedConnection
+		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzFramingMatchesNetHTTP
 		github.com/idemhq/idem/outbox FuzzHeaders
 		github.com/idemhq/idem/cmd/idem/internal/events FuzzValidateSubject
 	EOF

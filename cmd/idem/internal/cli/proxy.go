@@ -211,7 +211,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime(), *sf.shutdown)
+	// Requests whose length could be read two ways are refused on the
+	// connection, before net/http settles them its own way (request
+	// smuggling; see proxy.GuardFraming).
+	guard := func(srv *http.Server, ln net.Listener) net.Listener { return proxy.GuardFraming(srv, ln, logger) }
+	err = serveHTTPWith(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime(), *sf.shutdown, guard)
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {
