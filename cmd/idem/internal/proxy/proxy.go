@@ -136,6 +136,9 @@ type Proxy struct {
 	// unseenConnection logs once that a connection's Connection field
 	// cannot be read (see restoreConnection).
 	unseenConnection sync.Once
+	// storedCoding logs once that a content-coded response to a protected
+	// request is stored as it came (see decodeContent).
+	storedCoding sync.Once
 	// via is this proxy's pseudonym in the Via field of the requests it
 	// forwards ("idem-" and random hex, new for every Proxy), by which it
 	// recognises a request that comes back to it.
@@ -446,13 +449,25 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		proto = strconv.Itoa(pr.In.ProtoMajor)
 	}
 	pr.Out.Header["Via"] = append(pr.Out.Header["Via"], proto+" "+p.via)
+	if x, _ := pr.In.Context().Value(exchangeKey{}).(*exchange); x != nil && x.protected {
+		// The stored response is replayed to every retry, whatever the
+		// retry accepts: ask for it uncompressed (an absent field would
+		// allow any coding), so that every retry can read it. See
+		// decodeContent for an upstream that compresses anyway.
+		pr.Out.Header.Set("Accept-Encoding", "identity")
+	}
 	// A protected request's body was read in full by the middleware: send
 	// it with a Content-Length even if the client sent it chunked, since
-	// some upstreams refuse chunked requests.
+	// some upstreams refuse chunked requests. An empty one goes as a
+	// request with Content-Length: 0 would: net/http's client would
+	// otherwise send a body of unknown length, chunked.
 	if pr.Out.ContentLength < 0 {
 		if b, ok := pr.In.Body.(interface{ Len() int }); ok {
 			pr.Out.ContentLength = int64(b.Len())
 			pr.Out.TransferEncoding = nil
+			if b.Len() == 0 {
+				pr.Out.Body = http.NoBody
+			}
 		}
 	}
 }
@@ -466,7 +481,10 @@ func (p *Proxy) modifyResponse(res *http.Response) error {
 	if x != nil && closeDropped(res) {
 		p.restoreConnection(res, x)
 	}
-	if x == nil || x.protected {
+	if x != nil && x.protected {
+		return p.decodeContent(res)
+	}
+	if x == nil {
 		return nil
 	}
 	x.timer.Stop()
