@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -120,6 +121,9 @@ func TestUpstreamThatAlwaysGzipsIsDecoded(t *testing.T) {
 		for _, r := range []reply{first, retry} {
 			if r.status != http.StatusCreated || r.body != string(paymentJSON) || r.header.Get("Content-Encoding") != "" || r.header.Get("Content-Digest") != "" {
 				t.Fatalf("%d %v %.40q", r.status, r.header, r.body)
+			}
+			if r.header.Get("Content-Length") != fmt.Sprint(len(paymentJSON)) {
+				t.Errorf("Content-Length %q, want the decoded length %d", r.header.Get("Content-Length"), len(paymentJSON))
 			}
 			if r.header.Get("Etag") != `W/"v1"` {
 				t.Errorf("ETag %q, want the weak W/\"v1\"", r.header.Get("Etag"))

@@ -9,7 +9,12 @@
 // stores the upstream's status, header and body, and replays them; the
 // proxy adds only what a gateway must: forwarding (X-Forwarded-For, -Host,
 // -Proto; hop-by-hop fields removed as RFC 9110 requires), a timeout, and
-// problem+json answers when the upstream fails.
+// problem+json answers when the upstream fails. Protected requests ask the
+// upstream for an uncompressed answer, which any retry can read (see
+// encoding.go). The server in front of a Proxy should refuse requests
+// whose length can be read two ways (GuardFraming): net/http settles them
+// by itself, and a front end that reads them the other way would smuggle
+// a second request through the proxy.
 //
 // Outcomes: the upstream's 2xx, 3xx and 4xx responses are stored and
 // replayed byte for byte; its 5xx responses release the key, and so do the
