@@ -44,9 +44,9 @@ import (
 // stand-in request instead (see synthetic), which the guard's handler
 // answers 400 proxy.bad_framing (431 for a header above the limit) with
 // Connection: close, and nothing after it reaches the server. A chunked
-// body outside it breaks the connection: its read fails and the server
-// closes the connection; the request was already forwarded as far as its
-// body went, so no answer can replace it.
+// body outside it ends where it breaks (see breakOff): net/http's read of
+// the body fails and it closes the connection after its answer; the
+// request was already forwarded as far as its body went.
 
 // scanState is where a framer is in the byte stream.
 type scanState uint8
@@ -59,7 +59,7 @@ const (
 	stChunkEnd                   // reading the CRLF after a chunk's data
 	stTrailer                    // reading the trailer section
 	stRefused                    // a header was refused; nothing more is delivered
-	stBroken                     // a body's framing was invalid; reads fail
+	stBroken                     // a body's framing was invalid; nothing more is delivered
 )
 
 // Limits of the lines framer holds while it checks them. Each is below
@@ -99,6 +99,9 @@ type framer struct {
 	// framing was invalid.
 	refusal *refusal
 	broken  string
+	// injected is what breakOff handed the server in place of an invalid
+	// unit.
+	injected string
 
 	// boundary, if set, is told the stream offset at which each request
 	// (header and body) ends: a test hook.
@@ -303,8 +306,23 @@ func (f *framer) refuse(ref *refusal) {
 	f.unit = nil
 }
 
-// breakOff stops the stream inside a body whose framing is invalid.
+// breakOff stops the stream inside a body whose framing is invalid. In
+// place of the invalid unit the server reads bytes its own chunked reader
+// rejects in that place (a chunk size that is not hex, data not followed
+// by CRLF, a trailer line without a colon), then nothing more: the
+// request fails as a malformed chunked body does without the framer (its
+// body read errs, net/http closes the connection after the answer), and
+// the request's context stays alive for that answer.
 func (f *framer) breakOff(reason string) {
+	switch f.state {
+	case stChunkSize:
+		f.injected = "x\r\n"
+	case stChunkEnd:
+		f.injected = "xx"
+	case stTrailer:
+		f.injected = "x\r\n\r\n"
+	}
+	f.out = append(f.out, f.injected...)
 	f.broken = reason
 	f.state = stBroken
 	f.unit = nil

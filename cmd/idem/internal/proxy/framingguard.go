@@ -96,10 +96,6 @@ func (l *guardListener) Accept() (net.Conn, error) {
 	return &guardConn{Conn: c, f: newFramer(l.g.maxHeader)}, nil
 }
 
-// errBrokenFraming fails every read of a connection after a chunked body
-// whose framing is invalid: net/http then closes the connection.
-var errBrokenFraming = errors.New("proxy: the request body's chunked framing is invalid; connection closed")
-
 // guardConn is a server connection whose reads pass through a framer.
 // net/http reads a connection from one goroutine at a time (its
 // background read and the request's reads alternate under its own lock),
@@ -116,6 +112,9 @@ type guardConn struct {
 	// refused is the framer's refusal, for the handler that answers the
 	// stand-in request.
 	refused atomic.Pointer[refusal]
+	// broken is the reason a chunked body's framing was invalid, for the
+	// answer to its request (see bodyBroken).
+	broken atomic.Pointer[string]
 }
 
 func (c *guardConn) Read(p []byte) (int, error) {
@@ -143,13 +142,10 @@ func (c *guardConn) Read(p []byte) (int, error) {
 		if len(p) == 0 {
 			return 0, nil
 		}
-		switch f.state {
-		case stBroken:
-			return 0, errBrokenFraming
-		case stRefused:
+		if f.state == stRefused || f.state == stBroken {
 			// Read and drop whatever the client still sends: nothing
-			// after a refused header is a request. The read still ends
-			// with the connection's deadline or close.
+			// after a refused header or a broken body is a request. The
+			// read still ends with the connection's deadline or close.
 			if _, err := c.Conn.Read(p); err != nil {
 				return 0, err
 			}
@@ -159,6 +155,9 @@ func (c *guardConn) Read(p []byte) (int, error) {
 		k := f.feed(p[:n])
 		if f.refusal != nil && c.refused.Load() == nil {
 			c.refused.Store(f.refusal)
+		}
+		if f.broken != "" && c.broken.Load() == nil {
+			c.broken.Store(&f.broken)
 		}
 		if err != nil {
 			if k == 0 && len(f.pending()) == 0 {
@@ -216,6 +215,17 @@ func (g *framingGuard) refuse(w http.ResponseWriter, r *http.Request, ref *refus
 	p.Type = problemTypeBase + p.Code
 	w.Header().Set("Connection", "close")
 	idem.WriteProblem(w, p)
+}
+
+// bodyBroken returns why the chunked body of the request whose context is
+// ctx broke off, if it did (see framer.breakOff).
+func bodyBroken(ctx context.Context) (string, bool) {
+	if c, _ := ctx.Value(guardConnKey{}).(*guardConn); c != nil {
+		if reason := c.broken.Load(); reason != nil {
+			return *reason, true
+		}
+	}
+	return "", false
 }
 
 // newRefusalToken returns a token no client can guess.

@@ -535,7 +535,15 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	ctx := r.Context()
 	cause := context.Cause(ctx)
 	var prob *idem.Problem
+	reason, broken := bodyBroken(ctx)
 	switch {
+	case broken:
+		// The client's chunked body broke off while it was forwarded:
+		// the client's fault, not the upstream's.
+		prob = &idem.Problem{Status: http.StatusBadRequest, Code: CodeBadFraming,
+			Title:  "The request's framing is ambiguous or malformed",
+			Detail: "The request's chunked body is malformed (" + reason + "); the proxy stopped forwarding it where it broke and closes the connection. The upstream received the request with its body cut short."}
+		w.Header().Set("Connection", "close")
 	case errors.Is(cause, errUpstreamTimeout):
 		prob = &idem.Problem{Status: http.StatusGatewayTimeout, Code: CodeUpstreamTimeout,
 			Title:  "The upstream did not answer in time",
@@ -554,7 +562,9 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 			Detail: "The connection to the upstream service failed before it answered; it may have acted on the request. The Idempotency-Key was released: retry with the same key."}
 	}
 	prob.Type = problemTypeBase + prob.Code
-	prob.RetryAfter = 1
+	if !broken {
+		prob.RetryAfter = 1
+	}
 	p.logger.LogAttrs(ctx, slog.LevelWarn, "upstream request failed", slog.String("method", r.Method),
 		slog.String("path", r.URL.Path), slog.Int("status", prob.Status), slog.String("code", prob.Code), slog.Any("error", err))
 	idem.WriteProblem(w, prob)
