@@ -33,6 +33,14 @@ const (
 // connections closed and are abandoned: the caller returns and the process
 // exits. extraWrite is added to the write timeout.
 func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger, extraWrite, grace time.Duration) error {
+	return serveHTTPWith(ctx, ln, h, logger, extraWrite, grace, nil)
+}
+
+// serveHTTPWith is serveHTTP with a hook that, if set, adapts the server
+// and its listener before serving and returns the listener to serve (the
+// proxy's framing guard, proxy.GuardFraming).
+func serveHTTPWith(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger, extraWrite, grace time.Duration,
+	wrap func(*http.Server, net.Listener) net.Listener) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -42,6 +50,9 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slo
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	if wrap != nil {
+		ln = wrap(srv, ln)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -31,6 +31,12 @@ protected request without it gets 400 proxy.scope_missing, since it cannot
 be told apart from another client's. --scope-header none puts every client
 in one key space.
 
+A request whose body length could be read two ways (Content-Length with
+Transfer-Encoding, and the other means of request smuggling) is refused with
+400 proxy.bad_framing and its connection closed; nothing of it is forwarded.
+Protected requests ask the upstream for an uncompressed answer, so that a
+replay is readable by any retry.
+
 --config FILE (YAML) sets per-route rules (key required/optional/off, TTL,
 lease, outcome policy, scope, limits, wait); --check-config FILE validates a
 file and exits. See docs/proxy.md.
@@ -211,7 +217,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime(), *sf.shutdown)
+	// Requests whose length could be read two ways are refused on the
+	// connection, before net/http settles them its own way (request
+	// smuggling; see proxy.GuardFraming).
+	guard := func(srv *http.Server, ln net.Listener) net.Listener { return proxy.GuardFraming(srv, ln, logger) }
+	err = serveHTTPWith(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime(), *sf.shutdown, guard)
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {

@@ -215,8 +215,8 @@ func checkMethod(m string) error {
 
 // validToken reports whether s is an RFC 9110 token (the syntax of method
 // and header field names).
-func validToken(s string) bool {
-	if s == "" {
+func validToken[T string | []byte](s T) bool {
+	if len(s) == 0 {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
