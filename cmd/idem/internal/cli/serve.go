@@ -128,7 +128,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		repo = payments.PostgresRepo{Pool: dbStore.PG}
 	}
 	if err := repo.Migrate(ctx); err != nil {
-		logger.Error("cannot create the payments table", "error", err)
+		logger.Error("cannot use the payments table", "error", err)
 		return exitError
 	}
 	if sr, ok := repo.(payments.SQLiteRepo); ok {
@@ -192,7 +192,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return f.usageError("%v", err)
 	}
-	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
+	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference, Logger: logger}
 	evctx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
 	if evs, err = ef.start(evctx, dbStore, *db, logger); err != nil {
