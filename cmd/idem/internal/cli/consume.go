@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/events"
 	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/sqlitestore"
@@ -21,7 +22,8 @@ id commit in one transaction, and the broker is acknowledged only after it; a
 redelivered event is acknowledged without being booked again.
 
 Endpoints: GET /ledger/count ({"count":N}), GET /ledger?payment=ID
-({"entries":[...]}), GET /healthz.`
+({"entries":[...]}), GET /healthz, GET /readyz (the ledger file and the broker
+answer within 1s, as JSON).`
 
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("consume", consumeAbout, stdout, stderr)
@@ -95,10 +97,13 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	defer conn.Close()
 	conn.AckWait = *ackWait
+	logBrokerAtStart(ctx, logger, conn, "consuming starts when it answers")
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ledger/count", ledger.Count)
 	mux.HandleFunc("GET /ledger", ledger.List)
+	mux.Handle("GET /readyz", newReadiness(logger, []string{*brokerURL},
+		&readyCheck{name: "store", kind: string(backend.SQLite), probe: backend.SQLiteReady(store)}, brokerCheck(conn, *brokerURL)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		pctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
