@@ -42,8 +42,9 @@ lease, outcome policy, scope, limits, wait); --check-config FILE validates a
 file and exits. See docs/proxy.md.
 
 The proxy answers GET /healthz (the store is reachable; the upstream is not
-checked) and GET /metrics (Prometheus) itself, unless --admin-addr moves them
-to their own listener; every other request is forwarded.`
+checked), GET /readyz (the store answers within 1s, as JSON) and GET /metrics
+(Prometheus) itself, unless --admin-addr moves them to their own listener;
+every other request is forwarded.`
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("proxy", proxyAbout, stdout, stderr)
@@ -151,11 +152,12 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	admin := http.NewServeMux()
 	admin.Handle("GET /healthz", health(store))
+	admin.Handle("GET /readyz", newReadiness(logger, []string{*storeSpec}, storeCheck("store", store)))
 	admin.Handle("GET /metrics", m.Handler())
 	var handler http.Handler = px
 	if *adminAddr == "" {
 		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && (r.URL.Path == "/healthz" || r.URL.Path == "/metrics") {
+			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && (r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/metrics") {
 				admin.ServeHTTP(w, r)
 				return
 			}
@@ -174,14 +176,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitError
 	}
 	var adminLn net.Listener
-	adminWhere := "/healthz and /metrics on the proxy's address (not forwarded)"
+	adminWhere := "/healthz, /readyz and /metrics on the proxy's address (not forwarded)"
 	if *adminAddr != "" {
 		if adminLn, err = net.Listen("tcp", *adminAddr); err != nil {
 			ln.Close()
 			logger.Error("cannot listen", "admin_addr", *adminAddr, "error", err)
 			return exitError
 		}
-		adminWhere = "/healthz and /metrics on " + adminLn.Addr().String()
+		adminWhere = "/healthz, /readyz and /metrics on " + adminLn.Addr().String()
 	}
 	routes := 0
 	if file != nil {

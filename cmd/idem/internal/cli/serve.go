@@ -28,7 +28,8 @@ derived from the client's key, then captured; a charge that cannot be made in
 --provider-budget answers 503 idempotency.step_incomplete and the retry resumes.
 
 Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
-GET /healthz, GET /metrics (Prometheus).`
+GET /healthz, GET /readyz (every dependency answers within 1s, as JSON),
+GET /metrics (Prometheus).`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("serve", serveAbout, stdout, stderr)
@@ -128,7 +129,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		repo = payments.PostgresRepo{Pool: dbStore.PG}
 	}
 	if err := repo.Migrate(ctx); err != nil {
-		logger.Error("cannot create the payments table", "error", err)
+		logger.Error("cannot use the payments table", "error", err)
 		return exitError
 	}
 	if sr, ok := repo.(payments.SQLiteRepo); ok {
@@ -192,7 +193,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return f.usageError("%v", err)
 	}
-	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
+	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference, Logger: logger}
 	evctx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
 	if evs, err = ef.start(evctx, dbStore, *db, logger); err != nil {
@@ -227,6 +228,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", count))
 	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", get))
 	mux.Handle("GET /healthz", health(dbStore, records))
+	mux.Handle("GET /readyz", newReadiness(logger, []string{*db, *storeSpec, *ef.url}, append(storeChecks(dbStore, records), evs.checks...)...))
 	mux.Handle("GET /metrics", m.Handler())
 
 	ln, err := net.Listen("tcp", *sf.addr)

@@ -28,10 +28,12 @@ func dialAMQP(_ context.Context, rawURL, subject string, logger *slog.Logger) (*
 	if err != nil {
 		return nil, err
 	}
+	probe := &amqpProbe{dial: dial}
 	return &Conn{
 		Where:     redact(rawURL),
 		Publisher: pub,
-		close:     func() { _ = pub.Close() },
+		close:     func() { _ = pub.Close(); probe.close() },
+		ping:      probe.ping,
 		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
 			// Consume declares the queue, exchange and binding on every
 			// connection, and reconnects when the queue is deleted

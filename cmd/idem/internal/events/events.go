@@ -113,6 +113,7 @@ type Conn struct {
 	// Defaults to 30 seconds.
 	AckWait time.Duration
 	close   func()
+	ping    func(ctx context.Context) error // see Ping
 	consume func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error
 }
 
@@ -171,6 +172,7 @@ func Dial(ctx context.Context, rawURL, subject string, logger *slog.Logger) (*Co
 }
 
 func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
+	last := &lastError{}
 	nc, err := nats.Connect(rawURL,
 		nats.Name("idem"),
 		nats.RetryOnFailedConnect(true),
@@ -183,6 +185,8 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 			}
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) { logger.Info("events: reconnected to NATS") }),
+		// Every failed connection attempt, for Ping to name.
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { last.set(err) }),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("events: connect to %s: %w", redact(rawURL), err)
@@ -201,6 +205,7 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 		Where:     redact(rawURL),
 		Publisher: p,
 		close:     nc.Close,
+		ping:      natsPing(nc, js, last),
 		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
 			ensure := func(ctx context.Context) (jetstream.Consumer, error) {
 				return natsidem.EnsureConsumerConfig(ctx, js, subject, &natsidem.ConsumerConfig{AckWait: conn.AckWait, StartFunc: cfg.StartFunc})

@@ -138,6 +138,15 @@ func (s *ProviderService) crash(point string) {
 	}
 }
 
+// keyAttr is the execution's idempotency key for a log line, redacted
+// (idem.RedactKey), or nothing outside an execution.
+func keyAttr(ctx context.Context) slog.Attr {
+	if info, ok := idem.InfoFromContext(ctx); ok && info.Key != "" {
+		return slog.String("key", idem.RedactKey(info.Key))
+	}
+	return slog.Attr{}
+}
+
 func (s *ProviderService) logger() *slog.Logger {
 	if s.Logger != nil {
 		return s.Logger
@@ -150,6 +159,7 @@ func (s *ProviderService) Create(w http.ResponseWriter, r *http.Request) {
 	var n normalised
 	info, ok := idem.InfoFromContext(r.Context())
 	if !ok || json.Unmarshal(info.Payload, &n) != nil {
+		logFailure(r.Context(), s.Logger, r, http.StatusInternalServerError, "payment.internal", errors.New("no validated payment in the request's context"))
 		writeProblem(w, http.StatusInternalServerError, "payment.internal", "Internal error", "")
 		return
 	}
@@ -188,12 +198,13 @@ func (s *ProviderService) Run(ctx context.Context, req StepPayment) *idem.Respon
 		return json.Marshal(p)
 	})
 	if err != nil {
-		s.logger().Warn("payment step failed", "error", err)
+		s.logger().Warn("payment step failed", keyAttr(ctx), "error", err)
 		return problemResponse(http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.", 1)
 	}
 	s.crash("after-payment")
 	var p StepPayment
 	if err := json.Unmarshal(data, &p); err != nil {
+		s.logger().Error("the payment step's recovery point is unreadable", keyAttr(ctx), "error", err)
 		return problemResponse(http.StatusInternalServerError, "payment.internal", "Internal error", "", 0)
 	}
 	charge, err := idem.Step(ctx, stepCharge, func(ctx context.Context) ([]byte, error) {
@@ -205,14 +216,14 @@ func (s *ProviderService) Run(ctx context.Context, req StepPayment) *idem.Respon
 		return []byte(id), nil
 	})
 	if err != nil {
-		s.logger().Warn("provider step incomplete; the payment stays pending", "payment", p.ID, "error", err)
+		s.logger().Warn("provider step incomplete; the payment stays pending", "payment", p.ID, keyAttr(ctx), "error", err)
 		return problemResponse(http.StatusServiceUnavailable, CodeStepIncomplete, "The payment is not complete yet",
 			"The provider could not be charged in time. The payment is pending; retry with the same Idempotency-Key to resume it.", 1)
 	}
 	s.crash("after-charge-recorded")
 	// Step 3 commits with the stored response.
 	if err := s.Repo.Capture(ctx, p.ID, string(charge)); err != nil {
-		s.logger().Warn("capture failed", "payment", p.ID, "error", err)
+		s.logger().Warn("capture failed", "payment", p.ID, keyAttr(ctx), "error", err)
 		return problemResponse(http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.", 1)
 	}
 	p.Status, p.ChargeID, p.ProviderKey = "captured", string(charge), ""
@@ -341,6 +352,7 @@ func (s *ProviderService) GetStep(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "payment.not_found", "Payment not found", "No payment with this id exists for your tenant.")
 		return
 	case err != nil:
+		logFailure(r.Context(), s.Logger, r, http.StatusServiceUnavailable, "payment.unavailable", err)
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
 		return
 	}
@@ -353,6 +365,7 @@ func (s *ProviderService) GetStep(w http.ResponseWriter, r *http.Request) {
 func (s *ProviderService) Count(w http.ResponseWriter, r *http.Request) {
 	all, captured, err := s.Repo.Counts(r.Context())
 	if err != nil {
+		logFailure(r.Context(), s.Logger, r, http.StatusServiceUnavailable, "payment.unavailable", err)
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
 		return
 	}

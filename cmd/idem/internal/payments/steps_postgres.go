@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5"
@@ -12,26 +13,38 @@ import (
 
 // MigrateSteps implements StepRepo: the provider columns (NULL for
 // payments made without a provider) and the derivation secret's table.
-// Every statement is idempotent, so concurrent instances may run it.
+// It holds the migration lock (see migrateLocked), so that instances
+// starting together do not race, and checks the columns' types as Migrate
+// does.
 func (r PostgresRepo) MigrateSteps(ctx context.Context) ([]byte, error) {
 	fresh := make([]byte, 32)
 	_, _ = rand.Read(fresh)
-	for _, s := range []string{
-		`ALTER TABLE payments ADD COLUMN IF NOT EXISTS status TEXT`,
-		`ALTER TABLE payments ADD COLUMN IF NOT EXISTS charge_id TEXT`,
-		`ALTER TABLE payments ADD COLUMN IF NOT EXISTS provider_key TEXT`,
-		`CREATE TABLE IF NOT EXISTS payments_secret (id INTEGER PRIMARY KEY CHECK (id = 1), secret BYTEA NOT NULL)`,
-	} {
-		if _, err := r.Pool.Exec(ctx, s); err != nil {
-			return nil, fmt.Errorf("payments: migrate steps: %w", err)
-		}
-	}
-	if _, err := r.Pool.Exec(ctx, `INSERT INTO payments_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING`, fresh); err != nil {
-		return nil, fmt.Errorf("payments: migrate steps: %w", err)
-	}
 	var secret []byte
-	if err := r.Pool.QueryRow(ctx, `SELECT secret FROM payments_secret WHERE id = 1`).Scan(&secret); err != nil {
-		return nil, fmt.Errorf("payments: migrate steps: %w", err)
+	err := r.migrateLocked(ctx, "migrate steps", func(ctx context.Context, tx pgx.Tx) error {
+		for _, s := range []string{
+			`ALTER TABLE payments ADD COLUMN IF NOT EXISTS status TEXT`,
+			`ALTER TABLE payments ADD COLUMN IF NOT EXISTS charge_id TEXT`,
+			`ALTER TABLE payments ADD COLUMN IF NOT EXISTS provider_key TEXT`,
+			`CREATE TABLE IF NOT EXISTS payments_secret (id INTEGER PRIMARY KEY CHECK (id = 1), secret BYTEA NOT NULL)`,
+		} {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		t, err := pgPaymentsTable(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if err := t.check(ctx, tx, slices.Concat(baseColumns, stepColumns), nil); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO payments_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING`, fresh); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT secret FROM payments_secret WHERE id = 1`).Scan(&secret)
+	})
+	if err != nil {
+		return nil, err
 	}
 	return secret, nil
 }

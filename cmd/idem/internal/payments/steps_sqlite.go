@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/idemhq/idem/sqlitestore"
@@ -42,6 +43,9 @@ func (r SQLiteRepo) MigrateSteps(ctx context.Context) ([]byte, error) {
 		if _, err := tx.ExecContext(ctx, s, args...); err != nil {
 			return nil, fmt.Errorf("payments: migrate steps: %w", err)
 		}
+	}
+	if err := checkSQLiteTable(ctx, tx, slices.Concat(baseColumns, stepColumns), nil); err != nil {
+		return nil, err
 	}
 	var secret []byte
 	if err := tx.QueryRowContext(ctx, `SELECT secret FROM payments_secret WHERE id = 1`).Scan(&secret); err != nil {
