@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/outbox/outboxtest"
 	"github.com/idemhq/idem/pgoutbox"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5"
@@ -255,4 +256,25 @@ func TestDispatchersShareAnOutbox(t *testing.T) {
 	if total != n {
 		t.Errorf("dispatchers count %d published, want %d", total, n)
 	}
+}
+
+func TestInspector(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if ok, err := b.ob.Exists(ctx); err != nil || !ok {
+		t.Fatalf("Exists after Migrate = %v, %v", ok, err)
+	}
+	other, err := pgoutbox.New(b.pool, &pgoutbox.Config{Table: "no_such_outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := other.Exists(ctx); err != nil || ok {
+		t.Fatalf("Exists of a table never migrated = %v, %v", ok, err)
+	}
+	n := 0
+	outboxtest.RunInspector(t, b.ob, func(ctx context.Context, msgs ...outbox.Message) error {
+		n++
+		return b.add(t, fmt.Sprint("inspect-", n), false, msgs...)
+	})
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/outbox/outboxtest"
 	"github.com/idemhq/idem/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
 )
@@ -263,4 +264,25 @@ func TestDeleteSentInBatches(t *testing.T) {
 	if _, err := sqliteoutbox.New(st.DB(), &sqliteoutbox.Config{Table: "bad-name"}); err == nil {
 		t.Fatal("New accepted a table name that is not an identifier")
 	}
+}
+
+func TestInspector(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if ok, err := b.ob.Exists(ctx); err != nil || !ok {
+		t.Fatalf("Exists after Migrate = %v, %v", ok, err)
+	}
+	other, err := sqliteoutbox.New(b.store.DB(), &sqliteoutbox.Config{Table: "no_such_outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := other.Exists(ctx); err != nil || ok {
+		t.Fatalf("Exists of a table never migrated = %v, %v", ok, err)
+	}
+	n := 0
+	outboxtest.RunInspector(t, b.ob, func(ctx context.Context, msgs ...outbox.Message) error {
+		n++
+		return b.add(t, fmt.Sprint("inspect-", n), false, msgs...)
+	})
 }
