@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/bojanz/currency v1.5.1
+	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/idemhq/idem v0.2.0
 	github.com/idemhq/idem/amqpidem v0.2.0
 	github.com/idemhq/idem/idemotel v0.2.0
@@ -21,6 +22,7 @@ require (
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/time v0.16.0
 )
 
 require (
