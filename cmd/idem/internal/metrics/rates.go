@@ -18,11 +18,11 @@ type RateKind int
 
 // The series, in the order RateSample.Counts holds them.
 const (
-	RateExecutions RateKind = iota // operations executed and stored
-	RateReplays                    // stored responses replayed
-	RateConflicts                  // 409: a duplicate while in flight
-	RateMismatches                 // 422: a key reused with another payload
-	RateStoreErrors                // the store failed (503)
+	RateExecutions  RateKind = iota // operations executed and stored
+	RateReplays                     // stored responses replayed
+	RateConflicts                   // 409: a duplicate while in flight
+	RateMismatches                  // 422: a key reused with another payload
+	RateStoreErrors                 // the store failed (503)
 	rateKinds
 )
 
