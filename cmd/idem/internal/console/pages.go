@@ -1,6 +1,7 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,10 +45,10 @@ func parseTemplates() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
 	for _, n := range names {
 		name := strings.TrimSuffix(path.Base(n), ".html")
-		if name == "layout" {
+		if name == "layout" || name == "parts" {
 			continue
 		}
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", n)
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/parts.html", n)
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", n, err)
 		}
@@ -76,12 +77,16 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	if s.id != "" {
 		p.CSRF = c.csrfToken(s)
 	}
+	var buf bytes.Buffer
+	if err := t.Execute(&buf, p); err != nil {
+		c.cfg.Logger.Error("console: rendering a page failed", "page", name, "error", err)
+		http.Error(w, "internal error: the page could not be rendered", http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	if err := t.Execute(w, p); err != nil {
-		c.cfg.Logger.Error("console: rendering a page failed", "page", name, "error", err)
-	}
+	_, _ = w.Write(buf.Bytes())
 }
 
 // fail renders an error page; a store failure is logged.
