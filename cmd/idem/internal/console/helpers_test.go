@@ -243,9 +243,9 @@ func (b *bundle) csrf() string {
 // flight with a live lease, one whose lease ended (owner gone) and, on a
 // StepStore, one suspended after a step.
 type seeded struct {
-	completed          []string // keys
-	live, gone, susp   string
-	scope, otherScope  string
+	completed         []string // keys
+	live, gone, susp  string
+	scope, otherScope string
 }
 
 func seed(t *testing.T, s *backend.Store, completed int) seeded {
@@ -311,4 +311,3 @@ func seed(t *testing.T, s *backend.Store, completed int) seeded {
 	}
 	return sd
 }
-
