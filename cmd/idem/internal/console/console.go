@@ -262,7 +262,9 @@ func (c *Console) guard(next http.Handler) http.Handler {
 			"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		h.Set("X-Frame-Options", "DENY")
 		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Referrer-Policy", "no-referrer")
+		// Same-origin referrers only (the console's URLs hold no keys): with
+		// no-referrer, browsers send "Origin: null" on form posts.
+		h.Set("Referrer-Policy", "same-origin")
 		h.Set("Cross-Origin-Opener-Policy", "same-origin")
 		h.Set("Cross-Origin-Resource-Policy", "same-origin")
 		if c.token == "" && !loopbackHost(r) {
