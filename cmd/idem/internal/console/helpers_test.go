@@ -220,7 +220,7 @@ var (
 	idRE      = regexp.MustCompile(`href="/records/([0-9a-f]{64})"`)
 )
 
-func field(t *testing.T, re *regexp.Regexp, body string) string {
+func field(t testing.TB, re *regexp.Regexp, body string) string {
 	t.Helper()
 	m := re.FindStringSubmatch(body)
 	if m == nil {
