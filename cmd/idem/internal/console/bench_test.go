@@ -37,7 +37,9 @@ func benchRecords(b *testing.B) int {
 // 300-byte response.
 const benchScopes = 7
 
-func benchScope(i int) string { return idem.Scope("t_"+strconv.Itoa(i%benchScopes), "POST /api/payments") }
+func benchScope(i int) string {
+	return idem.Scope("t_"+strconv.Itoa(i%benchScopes), "POST /api/payments")
+}
 
 func benchKey(i int) string { return fmt.Sprintf("%08x-key-%d", uint32(i)*2654435761, i) }
 

@@ -16,27 +16,28 @@ import (
 func TestListingPlans(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	queries := []struct {
-		name  string
-		q     Query
-		index string // the index's name suffix; "pkey" for the primary key
-	}{
-		{"all", Query{Limit: 50}, "pkey"},
-		{"scope", Query{Scope: "s", Limit: 50}, "pkey"},
-		{"completed", Query{State: StateCompleted, Limit: 50}, "pkey"},
-		{"in flight", Query{State: StateInFlight, Limit: 50}, "inflight"},
-		{"suspended", Query{State: StateSuspended, Limit: 50}, "inflight"},
-		{"expired", Query{State: StateExpired, Limit: 50}, "expires_at"},
-		{"age", Query{Before: now.Add(time.Hour), Limit: 50}, "expires_at"},
-		{"next page", Query{Limit: 50, After: &Cursor{Scope: "s", Key: "k"}}, "pkey"},
-		{"next in-flight page", Query{State: StateInFlight, Limit: 50, After: &Cursor{Sort: now.UnixNano(), Scope: "s", Key: "k"}}, "inflight"},
+	queries := []planCase{
+		{name: "all", q: Query{Limit: 50}, index: "pkey"},
+		{name: "scope", q: Query{Scope: "s", Limit: 50}, index: "pkey"},
+		{name: "completed", q: Query{State: StateCompleted, Limit: 50}, index: "pkey"},
+		{name: "in flight", q: Query{State: StateInFlight, Limit: 50}, index: "inflight"},
+		{name: "suspended", q: Query{State: StateSuspended, Limit: 50}, index: "inflight"},
+		{name: "expired", q: Query{State: StateExpired, Limit: 50}, index: "expires_at"},
+		{name: "age", q: Query{Before: now.Add(time.Hour), Limit: 50}, index: "expires_at"},
+		{name: "next page", q: Query{Limit: 50, After: &Cursor{Scope: "s", Key: "k"}}, index: "pkey"},
+		{name: "next in-flight page", q: Query{State: StateInFlight, Limit: 50, After: &Cursor{Sort: now.UnixNano(), Scope: "s", Key: "k"}}, index: "inflight"},
 	}
 	t.Run("SQLite", func(t *testing.T) {
 		t.Parallel()
 		s := openStore(t, filepath.Join(t.TempDir(), "r.db"))
+		seedSQL(t, s, 20_000) // an empty table gets other plans
 		src := newSQLiteSource(s.SQLite)
-		for _, c := range queries {
-			stmt, args, _, _ := src.listSQL(c.q, now)
+		sum := src.summarySQL(now)
+		for _, c := range append(queries, summaryQueries(sum)...) {
+			stmt, args := c.stmt, c.args
+			if stmt == "" {
+				stmt, args, _, _ = src.listSQL(c.q, now)
+			}
 			rows, err := s.SQLite.ReadDB().Query("EXPLAIN QUERY PLAN "+stmt, args...)
 			if err != nil {
 				t.Fatalf("%s: %v", c.name, err)
@@ -66,8 +67,12 @@ func TestListingPlans(t *testing.T) {
 		s := backends[1].open(t)
 		seedSQL(t, s, 50_000)
 		src := newPGSource(s.Records.(*pgstore.Store), s.PG)
-		for _, c := range queries {
-			stmt, args, _, _ := src.listSQL(c.q, now)
+		sum := src.summarySQL(now)
+		for _, c := range append(queries, summaryQueries(sum)...) {
+			stmt, args := c.stmt, c.args
+			if stmt == "" {
+				stmt, args, _, _ = src.listSQL(c.q, now)
+			}
 			rows, err := s.PG.Query(context.Background(), "EXPLAIN "+stmt, args...)
 			if err != nil {
 				t.Fatalf("%s: %v", c.name, err)
@@ -92,4 +97,22 @@ func TestListingPlans(t *testing.T) {
 			}
 		}
 	})
+}
+
+// planCase is a query whose plan TestListingPlans checks: a listing, or
+// a statement (stmt set).
+type planCase struct {
+	name  string
+	q     Query
+	index string // the index's name suffix; "pkey" for the primary key
+	stmt  string
+	args  []any
+}
+
+func summaryQueries(sum [3]statement) []planCase {
+	return []planCase{
+		{name: "summary in flight", index: "inflight", stmt: sum[0].stmt, args: sum[0].args},
+		{name: "summary expired", index: "expires_at", stmt: sum[1].stmt, args: sum[1].args},
+		{name: "summary oldest lease", index: "inflight", stmt: sum[2].stmt, args: sum[2].args},
+	}
 }

@@ -144,28 +144,16 @@ func (s *sqlSource) ID(r Row) string { return RecordID(r.Scope, r.Key) }
 // the expiry index.
 func (s *sqlSource) Summary(ctx context.Context, now time.Time) (Summary, error) {
 	var sum Summary
-	b := &argList{d: s.d}
-	nowSQL := s.d.now(b, now)
-	q := `SELECT count(*), coalesce(sum(CASE WHEN lease > ` + nowSQL + ` THEN 1 ELSE 0 END), 0),
-		coalesce(sum(CASE WHEN lease <= ` + nowSQL + ` AND cp THEN 1 ELSE 0 END), 0)
-		FROM (SELECT ` + s.d.lease() + ` AS lease, checkpoint IS NOT NULL AS cp FROM ` + s.table + s.d.indexed(s.table, "inflight") +
-		` WHERE ` + s.d.inFlight() + ` AND expires_at > ` + nowSQL + ` LIMIT ` + strconv.Itoa(SummaryCap) + `) AS f`
-	if err := s.one(ctx, q, b.args, &sum.InFlight, &sum.LeaseLive, &sum.Suspended); err != nil {
+	q := s.summarySQL(now)
+	if err := s.one(ctx, q[0].stmt, q[0].args, &sum.InFlight, &sum.LeaseLive, &sum.Suspended); err != nil {
 		return sum, fmt.Errorf("count in flight: %w", err)
 	}
 	sum.Abandoned = sum.InFlight - sum.LeaseLive - sum.Suspended
-	b = &argList{d: s.d}
-	nowSQL = s.d.now(b, now)
-	q = `SELECT count(*) FROM (SELECT 1 FROM ` + s.table + s.d.indexed(s.table, "expires") + ` WHERE expires_at <= ` + nowSQL +
-		` LIMIT ` + strconv.Itoa(SummaryCap) + `) AS e`
-	if err := s.one(ctx, q, b.args, &sum.Expired); err != nil {
+	if err := s.one(ctx, q[1].stmt, q[1].args, &sum.Expired); err != nil {
 		return sum, fmt.Errorf("count expired: %w", err)
 	}
 	sum.Capped = sum.InFlight >= SummaryCap || sum.Expired >= SummaryCap
-	b = &argList{d: s.d}
-	nowSQL = s.d.now(b, now)
-	rs, err := s.d.query(ctx, `SELECT `+s.columns()+` FROM `+s.table+s.d.indexed(s.table, "inflight")+` WHERE `+s.d.inFlight()+
-		` AND expires_at > `+nowSQL+` ORDER BY `+s.d.lease()+` LIMIT 1`, b.args...)
+	rs, err := s.d.query(ctx, q[2].stmt, q[2].args...)
 	if err != nil {
 		return sum, fmt.Errorf("oldest lease: %w", err)
 	}
@@ -178,6 +166,33 @@ func (s *sqlSource) Summary(ctx context.Context, now time.Time) (Summary, error)
 		sum.Oldest = &r
 	}
 	return sum, rs.Err()
+}
+
+// statement is a query with its arguments.
+type statement struct {
+	stmt string
+	args []any
+}
+
+// summarySQL returns Summary's queries: the in-flight counts, the expired
+// count and the oldest lease.
+func (s *sqlSource) summarySQL(now time.Time) [3]statement {
+	var out [3]statement
+	b := &argList{d: s.d}
+	nowSQL := s.d.now(b, now)
+	out[0] = statement{`SELECT count(*), coalesce(sum(CASE WHEN lease > ` + nowSQL + ` THEN 1 ELSE 0 END), 0),
+		coalesce(sum(CASE WHEN lease <= ` + nowSQL + ` AND cp THEN 1 ELSE 0 END), 0)
+		FROM (SELECT ` + s.d.lease() + ` AS lease, checkpoint IS NOT NULL AS cp FROM ` + s.table + s.d.indexed(s.table, "inflight") +
+		` WHERE ` + s.d.inFlight() + ` AND expires_at > ` + nowSQL + ` LIMIT ` + strconv.Itoa(SummaryCap) + `) AS f`, b.args}
+	b = &argList{d: s.d}
+	nowSQL = s.d.now(b, now)
+	out[1] = statement{`SELECT count(*) FROM (SELECT 1 FROM ` + s.table + s.d.indexed(s.table, "expires") + ` WHERE expires_at <= ` + nowSQL +
+		` LIMIT ` + strconv.Itoa(SummaryCap) + `) AS e`, b.args}
+	b = &argList{d: s.d}
+	nowSQL = s.d.now(b, now)
+	out[2] = statement{`SELECT ` + s.columns() + ` FROM ` + s.table + s.d.indexed(s.table, "inflight") + ` WHERE ` + s.d.inFlight() +
+		` AND expires_at > ` + nowSQL + ` ORDER BY ` + s.d.lease() + ` LIMIT 1`, b.args}
+	return out
 }
 
 // errNoRow is one's error for a query that returned no row.
