@@ -78,6 +78,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	down.killed = true
 	startProviderAt(t, providerAddr, providerDB)
+	// Some traffic for the overview's chart: a payment made, replayed
+	// twice, and a reused key refused.
+	for i := range 3 {
+		if r, err := postPayment(httpClient, srv.url, "pay-console-ok", `{"amountCents":99,"currency":"USD","reference":"ok"}`); err != nil || r.status != http.StatusCreated {
+			t.Fatalf("payment %d with the provider back: %d %s %v", i, r.status, r.body, err)
+		}
+	}
+	if r, err := postPayment(httpClient, srv.url, keys[1], `{"amountCents":1,"currency":"USD","reference":"other"}`); err != nil || r.status != http.StatusUnprocessableEntity {
+		t.Fatalf("a reused key: %d %s %v", r.status, r.body, err)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -104,7 +114,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// charged once.
 	var count struct{ Count, Captured int }
 	getJSON(t, srv.url+"/api/payments/count", &count)
-	if count.Count != 3 || count.Captured != 1 {
-		t.Errorf("payments after the console's reconcile: %+v, want 3 with 1 captured", count)
+	if count.Count != 4 || count.Captured != 2 {
+		t.Errorf("payments after the console's reconcile: %+v, want 4 with 2 captured", count)
 	}
 }

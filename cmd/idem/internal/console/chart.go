@@ -62,12 +62,12 @@ func drawRates(samples []metrics.RateSample) string {
 			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.6" points="%s"><title>%s</title></polyline>`,
 				seriesColours[k], strings.Join(pts, " "), html.EscapeString(metrics.RateNames[k]))
 		}
-		for _, m := range []int{0, n / 3, 2 * n / 3, n - 1} {
+		perMin := int(time.Minute / metrics.RateBucket)
+		for m := n - 1; m >= 0; m -= 5 * perMin {
 			x := left + plotW*float64(m)/float64(n-1)
-			ago := time.Duration(n-1-m) * metrics.RateBucket
 			label := "now"
-			if ago > 0 {
-				label = "−" + ago.String()
+			if ago := (n - 1 - m) / perMin; ago > 0 {
+				label = fmt.Sprintf("−%d min", ago)
 			}
 			fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle" fill="#555">%s</text>`, x, height-6, label)
 		}

@@ -121,8 +121,7 @@ type Console struct {
 		n       int64
 		exact   bool
 		at      time.Time
-		err     error
-		running bool
+		running chan struct{} // closed when the running count ends; nil: none
 	}
 }
 

@@ -175,12 +175,24 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s session) {
 		d.OldestEnded = sum.Oldest.leaseEnded(now)
 	}
 	c.total.Lock()
-	d.Total, d.TotalExact, d.TotalAt, d.Counting = c.total.n, c.total.exact, c.total.at, c.total.at.IsZero()
 	stale := now.Sub(c.total.at) > totalMaxAge
 	c.total.Unlock()
 	if stale {
-		c.countTotal()
+		// A small store is counted before the page answers; a large one
+		// is shown as being counted.
+		done := c.countTotal()
+		t := time.NewTimer(firstCountWait)
+		select {
+		case <-done:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
 	}
+	c.total.Lock()
+	d.Total, d.TotalExact, d.TotalAt, d.Counting = c.total.n, c.total.exact, c.total.at, c.total.at.IsZero()
+	c.total.Unlock()
+	d.Now = c.cfg.NowFunc() // the count may have ended after now
 	if !d.Counting {
 		d.Completed = max(0, d.Total-sum.InFlight-sum.Expired)
 	}
@@ -194,23 +206,32 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s session) {
 	c.render(w, r, http.StatusOK, "overview", s, d)
 }
 
-// countTotal counts every record in the background, once at a time.
-func (c *Console) countTotal() {
+// firstCountWait is how long the overview waits for a count it started.
+const firstCountWait = 20 * time.Millisecond
+
+// countTotal counts every record in the background, once at a time, and
+// returns a channel closed when the count running now ends.
+func (c *Console) countTotal() <-chan struct{} {
 	c.total.Lock()
 	defer c.total.Unlock()
-	if c.total.running || c.ctx.Err() != nil {
-		return
+	if c.total.running != nil || c.ctx.Err() != nil {
+		if c.total.running != nil {
+			return c.total.running
+		}
+		return nil
 	}
-	c.total.running = true
+	done := make(chan struct{})
+	c.total.running = done
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
+		defer close(done)
 		ctx, cancel := context.WithTimeout(c.ctx, time.Minute)
 		n, exact, err := c.src.Total(ctx)
 		cancel()
 		c.total.Lock()
 		defer c.total.Unlock()
-		c.total.running = false
+		c.total.running = nil
 		if err != nil {
 			if c.ctx.Err() == nil {
 				c.cfg.Logger.Warn("console: counting the records failed", "error", err)
@@ -219,6 +240,7 @@ func (c *Console) countTotal() {
 		}
 		c.total.n, c.total.exact, c.total.at = n, exact, c.cfg.NowFunc()
 	}()
+	return done
 }
 
 // remember records a row's name under its id and returns the id.
