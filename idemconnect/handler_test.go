@@ -6,8 +6,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,7 +53,8 @@ func TestExecuteAndReplayOnEveryProtocol(t *testing.T) {
 				if _, err := time.Parse(time.RFC3339, header(r.Header(), idemconnect.HeaderExpiresAt)); err != nil {
 					t.Errorf("Idempotency-Key-Expires-At: %v", err)
 				}
-				if header(r.Header(), "X-Order-Run") != "run" || header(r.Trailer(), "X-Ledger") != "booked" {
+				if header(r.Header(), "X-Order-Run") != "run" || header(r.Trailer(), "X-Ledger") != "booked" ||
+					header(r.Header(), "X-Via-Call-Info") != "set" {
 					t.Errorf("handler's fields: header %v, trailer %v", r.Header(), r.Trailer())
 				}
 			}
@@ -434,5 +437,42 @@ func TestReleasedSuccessIsSentUnstored(t *testing.T) {
 	}
 	if n := b.orders.runs.Load(); n != 2 {
 		t.Errorf("handler ran %d times, want 2", n)
+	}
+}
+
+// Fields an interceptor outside idem's sets on each attempt are not part of
+// the stored reply: a replay carries the replay's own, once.
+func TestOuterInterceptorFieldsAreNotStored(t *testing.T) {
+	t.Parallel()
+	exec, err := idem.NewExecutor(newStore(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attempt atomic.Int64
+	outer := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
+				info.ResponseHeader().Set("X-Attempt", strconv.FormatInt(attempt.Add(1), 10))
+			}
+			return next(ctx, req)
+		}
+	})
+	o := &orders{}
+	mux := http.NewServeMux()
+	mux.Handle(createProc, connect.NewUnaryHandler(createProc, o.create, connect.WithSchema(method("Create")),
+		connect.WithInterceptors(outer, idemconnect.NewHandlerInterceptor(exec, nil))))
+	srv := httpServer(t, mux)
+	c := connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](srv.Client(), srv.URL+createProc)
+	for i := 1; i <= 2; i++ {
+		r, err := call(t, c, "o", "pat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := header(r.Header(), "X-Attempt"); got != strconv.Itoa(i) || header(r.Header(), "X-Via-Call-Info") != "set" {
+			t.Errorf("attempt %d: X-Attempt %q, X-Via-Call-Info %q", i, got, header(r.Header(), "X-Via-Call-Info"))
+		}
+	}
+	if o.runs.Load() != 1 {
+		t.Errorf("handler ran %d times", o.runs.Load())
 	}
 }

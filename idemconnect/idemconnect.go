@@ -208,6 +208,7 @@ func (h *handler) wrap(next connect.UnaryFunc) connect.UnaryFunc {
 // run is the operation the executor runs at most once: the handler, whose
 // outcome becomes the stored response.
 func (c *call) run(ctx context.Context) (*idem.Response, error) {
+	pre := snapshot(ctx)
 	c.resp, c.herr = c.next(ctx, c.req)
 	code := connect.Code(0)
 	if c.herr != nil {
@@ -220,9 +221,9 @@ func (c *call) run(ctx context.Context) (*idem.Response, error) {
 		return nil, c.herr
 	}
 	if c.herr != nil {
-		return encodeError(ctx, c.herr)
+		return encodeError(ctx, c.herr, pre)
 	}
-	return encodeReply(ctx, c.resp)
+	return encodeReply(ctx, c.resp, pre)
 }
 
 // answer turns the executor's result into the call's reply or error.

@@ -31,8 +31,33 @@ const (
 	trailerPrefix  = "Idem-Trailer-"
 )
 
+// before holds how many values each response header and trailer field of
+// the call info had before the handler ran: values set by interceptors
+// outside idem's (a request id, say) belong to each attempt, not to the
+// stored reply, and are left out of it.
+type before struct{ header, trailer map[string]int }
+
+// snapshot counts the call info's response fields.
+func snapshot(ctx context.Context) before {
+	info, ok := connect.CallInfoForHandlerContext(ctx)
+	if !ok {
+		return before{}
+	}
+	count := func(h http.Header) map[string]int {
+		if len(h) == 0 {
+			return nil
+		}
+		m := make(map[string]int, len(h))
+		for k, vs := range h {
+			m[k] = len(vs)
+		}
+		return m
+	}
+	return before{header: count(info.ResponseHeader()), trailer: count(info.ResponseTrailer())}
+}
+
 // encodeReply is the stored response of a successful call.
-func encodeReply(ctx context.Context, r connect.AnyResponse) (*idem.Response, error) {
+func encodeReply(ctx context.Context, r connect.AnyResponse, pre before) (*idem.Response, error) {
 	m, ok := r.Any().(proto.Message)
 	if !ok {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("idemconnect: reply of type %T is not a protobuf message", r.Any()))
@@ -44,29 +69,29 @@ func encodeReply(ctx context.Context, r connect.AnyResponse) (*idem.Response, er
 	stored := http.Header{rpcidem.CodeField: {"0"}, replyTypeField: {string(m.ProtoReflect().Descriptor().FullName())}}
 	header, trailer := r.Header(), r.Trailer()
 	if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
-		keep(stored, headerPrefix, info.ResponseHeader())
-		keep(stored, trailerPrefix, info.ResponseTrailer())
+		keep(stored, headerPrefix, info.ResponseHeader(), pre.header)
+		keep(stored, trailerPrefix, info.ResponseTrailer(), pre.trailer)
 	}
-	keep(stored, headerPrefix, header)
-	keep(stored, trailerPrefix, trailer)
+	keep(stored, headerPrefix, header, nil)
+	keep(stored, trailerPrefix, trailer, nil)
 	return &idem.Response{StatusCode: 200, Header: stored, Body: body}, nil
 }
 
 // encodeError is the stored response of a call that failed with a code the
 // outcome policy stores.
-func encodeError(ctx context.Context, herr error) (*idem.Response, error) {
+func encodeError(ctx context.Context, herr error, pre before) (*idem.Response, error) {
 	st := &spb.Status{Code: int32(connect.CodeOf(herr)), Message: herr.Error()}
 	stored := http.Header{rpcidem.CodeField: {strconv.Itoa(int(st.Code))}}
 	if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
-		keep(stored, headerPrefix, info.ResponseHeader())
-		keep(stored, headerPrefix, info.ResponseTrailer())
+		keep(stored, headerPrefix, info.ResponseHeader(), pre.header)
+		keep(stored, headerPrefix, info.ResponseTrailer(), pre.trailer)
 	}
 	if ce := new(connect.Error); errors.As(herr, &ce) {
 		st.Message = ce.Message()
 		for _, d := range ce.Details() {
 			st.Details = append(st.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
 		}
-		keep(stored, headerPrefix, ce.Meta())
+		keep(stored, headerPrefix, ce.Meta(), nil)
 	}
 	body, err := proto.Marshal(st)
 	if err != nil {
@@ -78,9 +103,11 @@ func encodeError(ctx context.Context, herr error) (*idem.Response, error) {
 // keep copies the fields of h a replay must repeat into stored, under
 // prefix: not the protocols' own (Connect-*, Grpc-*, the content fields),
 // not idem's, and not Set-Cookie (as the HTTP middleware's default
-// ReplayDenyHeaders), which would hand one client's session to another.
-func keep(stored http.Header, prefix string, h http.Header) {
+// ReplayDenyHeaders), which would hand one client's session to another;
+// nor the first skip[k] values of a field k.
+func keep(stored http.Header, prefix string, h http.Header, skip map[string]int) {
 	for k, vs := range h {
+		vs = vs[min(skip[k], len(vs)):]
 		if len(vs) == 0 || !replayable(k) {
 			continue
 		}

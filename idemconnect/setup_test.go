@@ -102,6 +102,9 @@ func (o *orders) create(ctx context.Context, req *connect.Request[wrapperspb.Str
 	if _, ok := idem.InfoFromContext(ctx); !ok && len(req.Header().Values(idemconnect.HeaderKey)) > 0 {
 		return nil, connect.NewError(connect.CodeInternal, errors.New("not in an idempotent execution"))
 	}
+	if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
+		info.ResponseHeader().Set("X-Via-Call-Info", "set")
+	}
 	res := connect.NewResponse(wrapperspb.String("order for " + req.Msg.GetValue() + " #" + time.Now().Format(time.RFC3339Nano)))
 	res.Header().Set("X-Order-Run", "run")
 	res.Trailer().Set("X-Ledger", "booked")
