@@ -74,6 +74,7 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidateMatchesOld
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzValidateFieldsMatchOld
 		github.com/idemhq/idem/cmd/idem/internal/payments FuzzAppendJSONString
+		github.com/idemhq/idem/cmd/idem/internal/payments FuzzProviderAnswer
 		github.com/idemhq/idem/cmd/idem/internal/backend FuzzKindOf
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzDroppedConnection
 		github.com/idemhq/idem/outbox FuzzHeaders
