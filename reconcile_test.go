@@ -286,6 +286,42 @@ func TestReconcileGoesRoundAllStuckOperations(t *testing.T) {
 	}
 }
 
+// Cancelling Reconcile's context stops it: the running operation ends
+// with it, those not started stay stuck for the next call.
+func TestReconcileStopsWithItsContext(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(t)
+	exec, _ := idem.NewExecutor(store, nil)
+	h := &hopeless{}
+	h.down.Store(true)
+	for i := range 3 {
+		if _, err := exec.Do(t.Context(), doParams(fmt.Sprintf("k%d", i)), h.op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	started := make(chan struct{})
+	resume := func(context.Context, idem.StuckRecord) (idem.Operation, error) {
+		return func(ctx context.Context) (*idem.Response, error) {
+			close(started) // only one ever starts
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}, nil
+	}
+	go func() {
+		<-started
+		cancel()
+	}()
+	rr, err := exec.Reconcile(ctx, idem.ReconcileParams{Concurrency: 1}, resume)
+	if rr != (idem.ReconcileResult{Found: 3, Failed: 1}) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Reconcile = %+v, %v; want one failed, stopped by its context", rr, err)
+	}
+	if rr, _ := exec.Reconcile(t.Context(), idem.ReconcileParams{}, h.resume); rr.Found != 3 {
+		t.Errorf("next Reconcile found %d, want all 3 still stuck", rr.Found)
+	}
+}
+
 func TestReconcileRejectsNegativeParams(t *testing.T) {
 	t.Parallel()
 	exec, _ := idem.NewExecutor(newMemStore(t), nil)

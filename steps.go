@@ -523,7 +523,10 @@ func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
+			// Those not started yet stay stuck for the next call.
+			mu.Lock()
 			errs = append(errs, ctx.Err())
+			mu.Unlock()
 			break
 		}
 		wg.Go(func() {
