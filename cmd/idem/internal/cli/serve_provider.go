@@ -35,7 +35,7 @@ type providerFlags struct {
 
 // Defaults and bounds of the reconciler's flags.
 const (
-	defaultReconcileConcurrency = 4
+	defaultReconcileConcurrency = 16
 	maxReconcileConcurrency     = 1000
 	defaultReconcileMaxAttempts = 100
 	defaultReconcileMaxAge      = time.Hour
