@@ -90,8 +90,10 @@
 // DeriveKey gives the key to send downstream for a step (the same on every
 // attempt, revealing nothing of the client's key), FenceFromContext a
 // fencing token that grows with every claim of the key, and
-// Executor.Reconcile completes operations nobody retried. It needs a store
-// that implements StepStore (memstore, sqlitestore, pgstore).
+// Executor.Reconcile completes operations nobody retried, several at once,
+// and holds for an operator those it gives up on
+// (ReconcileParams.MaxAttempts, MaxAge). It needs a store that implements
+// StepStore (memstore, sqlitestore, pgstore).
 //
 // # Stores
 //

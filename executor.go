@@ -106,6 +106,10 @@ type DoParams struct {
 	// the middleware puts there what Config.FingerprintFunc returned, so
 	// that a handler need not validate and normalise its body twice.
 	Payload []byte
+
+	// hold is set by Reconcile: when its attempt holds the record for an
+	// operator (steps.go).
+	hold *holdPolicy
 }
 
 // Result is the outcome of Executor.Do. Do always returns a non-nil Result,
@@ -131,6 +135,10 @@ type Result struct {
 	// after saving a recovery point (see Step): the record stays in flight
 	// and the next attempt with the key resumes after that point.
 	Suspended bool
+	// Held reports, with Suspended, that the record is held for an
+	// operator (see ReconcileParams.MaxAttempts): Reconcile no longer
+	// resumes it, though a retry with the key still does.
+	Held bool
 }
 
 // Operation is the work Executor.Do runs at most once. Its context carries
@@ -398,7 +406,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	returned = true
 	end(opErr)
 	released, err := e.record(detached, x, resp, opErr)
-	res.Suspended = x.steps.suspended
+	res.Suspended, res.Held = x.steps.suspended, x.steps.held
 	if err != nil {
 		return res, err
 	}
@@ -433,7 +441,10 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 			return false, e.leaseLost(ctx, x, err)
 		}
 		ev := Event{Kind: EventReleased, Operation: x.p.Operation, TookOver: x.tookOver, Err: opErr}
-		if x.steps.suspended {
+		switch {
+		case x.steps.held:
+			ev.Kind = EventHeld
+		case x.steps.suspended:
 			ev.Kind = EventSuspended
 		}
 		if resp != nil {

@@ -64,8 +64,11 @@ type Store interface {
 	//   - a completed record: ClaimCompleted with its response;
 	//   - an in-flight record whose lease has not expired: ClaimInFlight;
 	//   - an in-flight record whose lease has expired: take it over (new
-	//     owner Token, new lease and retention as for a new record) and
-	//     return ClaimAcquired with TookOver set. A store that cannot take
+	//     owner Token, new lease until Now+Lease, its retention unchanged)
+	//     and return ClaimAcquired with TookOver set. A take-over never
+	//     extends ExpiresAt: a record ends TTL after the claim that created
+	//     it, however often it is taken over, so that an operation resumed
+	//     in vain cannot keep its record forever. A store that cannot take
 	//     it over promptly (sqlitestore waits at most 100 ms for its write
 	//     lock, most likely held by the old owner's transaction) may answer
 	//     ClaimInFlight instead: the caller retries, and nothing runs twice.
@@ -111,7 +114,8 @@ type ClaimParams struct {
 	Token string
 	// Lease is how long the claim holds the record without renewal.
 	Lease time.Duration
-	// TTL is how long the record is retained from this claim.
+	// TTL is how long a record that this claim creates is retained from
+	// Now; a take-over keeps the record's retention as it is.
 	TTL time.Duration
 	// Now is the core clock's reading.
 	Now time.Time
@@ -216,6 +220,19 @@ type Record struct {
 	// saved by SaveCheckpoint: nil for a new record, the saved bytes for a
 	// record taken over (ClaimAcquired with TookOver). Opaque to stores.
 	Checkpoint []byte
+}
+
+// heldLeaseEnd is the lease end of a record held for an operator
+// (SaveCheckpointParams.Hold): the Unix epoch, which no live lease can
+// have and which every store's time type holds.
+var heldLeaseEnd = time.Unix(0, 0).UTC()
+
+// Held reports that the record is in flight and held for an operator: an
+// operation that reconciliation gave up on (see
+// ReconcileParams.MaxAttempts), whose lease ends at the Unix epoch. A
+// retry with its key still takes it over and resumes it.
+func (r Record) Held() bool {
+	return r.State == StateInFlight && r.LeaseExpiresAt.Equal(heldLeaseEnd)
 }
 
 // Response is a stored HTTP response (or the result of a non-HTTP
@@ -338,9 +355,11 @@ type StepStore interface {
 	SaveCheckpoint(ctx context.Context, p SaveCheckpointParams) error
 
 	// Stuck returns at most Limit unexpired in-flight records that hold a
-	// checkpoint and whose lease ended at or before Now: operations that
-	// stopped after a recovery point and that nobody is running. The order
-	// is the lease's end, oldest first. It changes nothing.
+	// checkpoint and whose lease ended at or before Now, except those held
+	// for an operator (SaveCheckpointParams.Hold): operations that stopped
+	// after a recovery point and that nobody is running. With Held it
+	// returns the held records instead. The order is the lease's end,
+	// oldest first. It changes nothing.
 	Stuck(ctx context.Context, p StuckParams) ([]StuckRecord, error)
 }
 
@@ -358,14 +377,25 @@ type SaveCheckpointParams struct {
 	Checkpoint []byte
 	// EndLease ends the lease at Now (see StepStore.SaveCheckpoint).
 	EndLease bool
-	Now      time.Time
+	// Hold, with or without EndLease, ends the lease at the Unix epoch
+	// instead (time.Unix(0, 0)): the record is held for an operator (see
+	// Record.Held). It stays in flight with its checkpoint, and a claim
+	// with the same fingerprint takes it over at once, as after EndLease,
+	// but Stuck returns it only with StuckParams.Held. A take-over gives
+	// it a live lease as to any record; a later SaveCheckpoint without
+	// Hold leaves it no longer held.
+	Hold bool
+	Now  time.Time
 }
 
 // StuckParams are the arguments of StepStore.Stuck.
 type StuckParams struct {
 	// Limit bounds the records returned; it must be positive.
 	Limit int
-	Now   time.Time
+	// Held selects the records held for an operator instead of the stuck
+	// ones.
+	Held bool
+	Now  time.Time
 }
 
 // StuckRecord is an in-flight record with a checkpoint and no live lease.

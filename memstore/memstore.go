@@ -137,7 +137,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 				return idem.ClaimResult{}, fmt.Errorf("memstore: %d records: %w", s.max, idem.ErrStoreFull)
 			}
 		}
-		r = &record{fingerprint: p.Fingerprint}
+		r = &record{fingerprint: p.Fingerprint, expiresAt: p.Now.Add(p.TTL).UnixNano()}
 		sh.records[k] = r
 		s.count.Add(1)
 		r.own(p, s.fence.Add(1))
@@ -155,10 +155,11 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	}
 }
 
+// own gives r to the claim p with a new lease. Its retention is the one
+// set when it was created: a take-over never extends it.
 func (r *record) own(p idem.ClaimParams, fence int64) {
 	r.token, r.fence = p.Token, fence
 	r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
-	r.expiresAt = p.Now.Add(p.TTL).UnixNano()
 }
 
 func (r *record) view() idem.Record {
@@ -226,12 +227,20 @@ func (s *Store) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams)
 	cp := bytes.Clone(p.Checkpoint)
 	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
 		r.checkpoint = cp
-		if p.EndLease {
+		switch {
+		case p.Hold:
+			r.leaseEnd = heldLeaseEnd
+			r.notify()
+		case p.EndLease:
 			r.leaseEnd = p.Now.UnixNano()
 			r.notify()
 		}
 	})
 }
+
+// heldLeaseEnd is the lease end of a record held for an operator
+// (idem.SaveCheckpointParams.Hold): the Unix epoch.
+const heldLeaseEnd = 0
 
 // Stuck implements idem.StepStore. It walks every record: memstore is for
 // single instances and tests, where that is cheap enough.
@@ -242,7 +251,8 @@ func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckReco
 	now := p.Now.UnixNano()
 	var out []idem.StuckRecord
 	err := s.walk(ctx, func(k recordKey, r *record) {
-		if !r.completed && r.checkpoint != nil && r.leaseEnd <= now && now < r.expiresAt {
+		held := r.leaseEnd == heldLeaseEnd
+		if !r.completed && r.checkpoint != nil && held == p.Held && r.leaseEnd <= now && now < r.expiresAt {
 			out = append(out, idem.StuckRecord{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint,
 				Checkpoint: r.checkpoint, LeaseExpiresAt: time.Unix(0, r.leaseEnd).UTC()})
 		}

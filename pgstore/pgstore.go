@@ -125,10 +125,10 @@ type Store struct {
 	claimSQL, renewSQL, completeSQL, releaseSQL, deleteExpiredSQL string
 	// readSQL is ReadFirst's read: the live record, its response only if
 	// the fingerprint matches (as the claim statement's cur).
-	readSQL                                  string
-	readFirst                                bool
-	saveCheckpointSQL, endLeaseSQL, stuckSQL string
-	asyncClaim                               bool
+	readSQL                                                    string
+	readFirst                                                  bool
+	saveCheckpointSQL, endLeaseSQL, holdSQL, stuckSQL, heldSQL string
+	asyncClaim                                                 bool
 	// claimTxSQL is the claim statement of ClaimTx; claimTxWait its
 	// lock_timeout, as PostgreSQL reads it ("100ms"); completeCheckedSQL
 	// the completion sent with COMMIT (claimtx.go).
@@ -269,6 +269,9 @@ func (s *Store) claimStatement(extra string) string {
 	// as for an absent key) or is in flight with the same fingerprint and
 	// an expired lease (a take-over).
 	//
+	// A take-over keeps the record's retention (expires_at): it never
+	// extends it; only a record that expired gets a new one.
+	//
 	// The final SELECT returns ins's row, or else cur's. When ins is empty
 	// and cur does not explain why (cur saw no row, or saw a lease that had
 	// expired), the row that blocked the INSERT was committed after the
@@ -295,7 +298,7 @@ func (s *Store) claimStatement(extra string) string {
 		fingerprint = excluded.fingerprint,
 		token = excluded.token,
 		lease_expires_at = excluded.lease_expires_at,
-		expires_at = excluded.expires_at,
+		expires_at = CASE WHEN r.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE r.expires_at END,
 		response = NULL,
 		attempt = CASE WHEN r.expires_at <= statement_timestamp() THEN 1 ELSE r.attempt + 1 END,
 		fence = excluded.fence,
@@ -333,9 +336,15 @@ SELECT 1 / (SELECT count(*) FROM done)`
 	s.releaseSQL = `DELETE FROM ` + t + owned
 	s.saveCheckpointSQL = `UPDATE ` + t + ` SET checkpoint = $4` + owned
 	s.endLeaseSQL = `UPDATE ` + t + ` SET checkpoint = $4, lease_expires_at = statement_timestamp()` + owned
-	s.stuckSQL = `SELECT scope, key, fingerprint, checkpoint, lease_expires_at FROM ` + t + `
-	WHERE token IS NOT NULL AND checkpoint IS NOT NULL
-	  AND lease_expires_at <= statement_timestamp() AND expires_at > statement_timestamp()
+	// A held record's lease ended at the Unix epoch: the range (epoch,
+	// now] skips the held records, and the epoch alone selects them.
+	s.holdSQL = `UPDATE ` + t + ` SET checkpoint = $4, lease_expires_at = 'epoch'` + owned
+	stuck := `SELECT scope, key, fingerprint, checkpoint, lease_expires_at FROM ` + t + `
+	WHERE token IS NOT NULL AND checkpoint IS NOT NULL AND expires_at > statement_timestamp()
+	  AND `
+	s.stuckSQL = stuck + `lease_expires_at > 'epoch' AND lease_expires_at <= statement_timestamp()
+	ORDER BY lease_expires_at LIMIT $1`
+	s.heldSQL = stuck + `lease_expires_at = 'epoch'
 	ORDER BY lease_expires_at LIMIT $1`
 
 	// One short transaction per batch, walking the expiry index; SKIP
@@ -609,7 +618,10 @@ func (s *Store) saveCheckpoint(ctx context.Context, db execer, p idem.SaveCheckp
 		return errors.New("pgstore: empty checkpoint")
 	}
 	q := s.saveCheckpointSQL
-	if p.EndLease {
+	switch {
+	case p.Hold:
+		q = s.holdSQL
+	case p.EndLease:
 		q = s.endLeaseSQL
 	}
 	tag, err := db.Exec(ctx, q, p.Scope, p.Key, p.Token, p.Checkpoint)
@@ -629,7 +641,11 @@ func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckReco
 	if p.Limit <= 0 {
 		return nil, errors.New("pgstore: Stuck needs a positive limit")
 	}
-	rows, err := s.pool.Query(ctx, s.stuckSQL, p.Limit)
+	q := s.stuckSQL
+	if p.Held {
+		q = s.heldSQL
+	}
+	rows, err := s.pool.Query(ctx, q, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: stuck: %w", err)
 	}

@@ -312,16 +312,19 @@ func newSQLTexts(t string) sqlTexts {
 				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL,
 				fence = excluded.fence, checkpoint = NULL
 			WHERE ` + t + `.expires_at <= ?`,
-		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?, fence = (SELECT n FROM ` + t + `_fence WHERE id = 1)
+		// A take-over keeps the record's retention: it never extends it.
+		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, fence = (SELECT n FROM ` + t + `_fence WHERE id = 1)
 			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?
-			RETURNING checkpoint`,
+			RETURNING checkpoint, expires_at`,
 		nextFence: `UPDATE ` + t + `_fence SET n = n + 1 WHERE id = 1 RETURNING n`,
 		saveCheckpoint: `UPDATE ` + t + ` SET checkpoint = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
 		endLease: `UPDATE ` + t + ` SET checkpoint = ?, lease_until = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		// A held record's lease ended at 0 (the Unix epoch): the range
+		// (0, now] skips the held records, and [0, 0] selects them.
 		stuck: `SELECT scope, key, fingerprint, checkpoint, lease_until FROM ` + t + `
-			WHERE state = 1 AND checkpoint IS NOT NULL AND lease_until <= ? AND expires_at > ?
+			WHERE state = 1 AND checkpoint IS NOT NULL AND lease_until > ? AND lease_until <= ? AND expires_at > ?
 			ORDER BY lease_until LIMIT ?`,
 		renew: `UPDATE ` + t + ` SET lease_until = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
@@ -531,8 +534,10 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, 
 			return res, nil, err
 		}
 		// An in-flight record with the same fingerprint whose lease ended.
-		err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now).
-			Scan(&res.Record.Checkpoint)
+		var kept int64
+		err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, p.Scope, p.Key, p.Fingerprint, now, now).
+			Scan(&res.Record.Checkpoint, &kept)
+		res.Record.ExpiresAt = nanos(kept)
 		if errors.Is(err, sql.ErrNoRows) {
 			return idem.ClaimResult{}, nil, errors.New("take-over changed no row under the write lock")
 		}
@@ -669,11 +674,19 @@ func (s *Store) saveCheckpoint(ctx context.Context, tx *sql.Tx, p idem.SaveCheck
 		return errors.New("sqlitestore: empty checkpoint")
 	}
 	now := p.Now.UnixNano()
-	if p.EndLease {
-		return fenced(ctx, in(ctx, tx, s.st.endLease), "save checkpoint", p.Checkpoint, now, p.Scope, p.Key, p.Token, now)
+	if p.EndLease || p.Hold {
+		end := now
+		if p.Hold {
+			end = heldLeaseEnd
+		}
+		return fenced(ctx, in(ctx, tx, s.st.endLease), "save checkpoint", p.Checkpoint, end, p.Scope, p.Key, p.Token, now)
 	}
 	return fenced(ctx, in(ctx, tx, s.st.saveCheckpoint), "save checkpoint", p.Checkpoint, p.Scope, p.Key, p.Token, now)
 }
+
+// heldLeaseEnd is the lease end of a record held for an operator
+// (idem.SaveCheckpointParams.Hold): the Unix epoch, in nanoseconds.
+const heldLeaseEnd = 0
 
 // Stuck implements idem.StepStore, walking a partial index of the
 // in-flight records that hold a checkpoint.
@@ -682,7 +695,11 @@ func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckReco
 		return nil, errors.New("sqlitestore: Stuck needs a positive limit")
 	}
 	now := p.Now.UnixNano()
-	rows, err := s.st.stuck.QueryContext(ctx, now, now, p.Limit)
+	after, upTo := int64(heldLeaseEnd), now
+	if p.Held {
+		after, upTo = heldLeaseEnd-1, heldLeaseEnd
+	}
+	rows, err := s.st.stuck.QueryContext(ctx, after, upTo, now, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: stuck: %w", err)
 	}

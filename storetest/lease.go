@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -18,10 +19,46 @@ func testLease(t *testing.T, h Harness) {
 		if !r.TookOver {
 			t.Error("TookOver not set")
 		}
-		// The taker-over starts a fresh lease and retention.
-		b.near("ExpiresAt after take-over", r.Record.ExpiresAt, now.Add(b.ttl))
+		// The taker-over starts a fresh lease; the retention stays the
+		// first claim's.
+		b.near("ExpiresAt after take-over", r.Record.ExpiresAt, p.Now.Add(b.ttl))
 		b.near("LeaseExpiresAt after take-over", r.Record.LeaseExpiresAt, now.Add(b.lease))
 		b.mustOutcome(b.other(p), idem.ClaimInFlight)
+	})
+
+	t.Run("TakeOverNeverExtendsRetention", func(t *testing.T) {
+		b := setup(t, h)
+		p := b.acquire(fpA)
+		first := b.mustOutcome(b.other(p), idem.ClaimInFlight).Record.ExpiresAt
+		// Take-over after take-over, each after the last one's lease: the
+		// record still ends TTL after the claim that created it. (A
+		// server clock lets only one take-over fit in its short TTL.)
+		takeOvers := 10
+		if h.ServerClock {
+			takeOvers = 1
+		}
+		q := p
+		for i := range takeOvers {
+			b.clock.Advance(b.lease + b.lease/4)
+			q = b.other(q)
+			r := b.mustOutcome(q, idem.ClaimAcquired)
+			if !r.TookOver {
+				t.Fatalf("take-over %d: TookOver not set", i+1)
+			}
+			if !r.Record.ExpiresAt.Equal(first) {
+				t.Fatalf("take-over %d moved ExpiresAt from %v to %v", i+1, first, r.Record.ExpiresAt)
+			}
+		}
+		// Past the first claim's TTL the record has expired, abandoned
+		// lease and all: the key is new again.
+		b.clock.Advance(first.Sub(b.clock.Now()) + b.lease/4)
+		r := b.mustOutcome(b.other(q), idem.ClaimAcquired)
+		if r.TookOver {
+			t.Errorf("a claim %v after the first claim's retention ended took the record over: the take-overs extended it", b.clock.Now().Sub(first))
+		}
+		if err := b.complete(q, sampleResponse()); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Complete by the last taker-over after the retention ended: %v, want ErrLeaseLost", err)
+		}
 	})
 
 	t.Run("RenewExtendsLease", func(t *testing.T) {

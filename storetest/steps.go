@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/idemhq/idem"
 )
@@ -172,6 +173,144 @@ func testSteps(t *testing.T, h Harness) {
 				t.Error("a record taken over is still listed as stuck")
 			}
 		}
+	})
+
+	t.Run("ResumesNeverExtendRetention", func(t *testing.T) {
+		b := setup(t, h)
+		p := b.acquire(fpA)
+		first := b.mustOutcome(b.other(p), idem.ClaimInFlight).Record.ExpiresAt
+		// A reconciler resuming in vain: save with the lease ended, take
+		// over at once, again and again. None of it moves the retention.
+		q := p
+		for i := range 20 {
+			if err := save(b, q, "again", true); err != nil {
+				t.Fatalf("SaveCheckpoint EndLease %d: %v", i, err)
+			}
+			if !h.ServerClock {
+				b.clock.Advance(time.Minute) // real time passes by itself
+			}
+			q = b.other(q)
+			r := b.mustOutcome(q, idem.ClaimAcquired)
+			if !r.TookOver || !r.Record.ExpiresAt.Equal(first) {
+				t.Fatalf("resume %d: TookOver %v, ExpiresAt %v; want a take-over with the first claim's retention %v",
+					i+1, r.TookOver, r.Record.ExpiresAt, first)
+			}
+		}
+		if err := save(b, q, "last", true); err != nil {
+			t.Fatalf("SaveCheckpoint EndLease: %v", err)
+		}
+		// The record ends with the first claim's TTL: not stuck any more,
+		// a claim is a fresh one, and cleanup deletes it.
+		b.clock.Advance(first.Sub(b.clock.Now()) + b.lease/4)
+		recs, err := ss(b).Stuck(b.ctx, idem.StuckParams{Limit: 10, Now: b.clock.Now()})
+		if err != nil {
+			t.Fatalf("Stuck: %v", err)
+		}
+		for _, r := range recs {
+			if r.Key == p.Key {
+				t.Error("Stuck still lists the record after the first claim's retention ended")
+			}
+		}
+		if !h.SelfExpiring {
+			n, err := b.store.DeleteExpired(b.ctx, idem.DeleteExpiredParams{Limit: 10, Now: b.clock.Now()})
+			if err != nil || n != 1 {
+				t.Errorf("DeleteExpired = %d, %v; want the resumed record deleted", n, err)
+			}
+		}
+		r := b.mustOutcome(b.other(q), idem.ClaimAcquired)
+		if r.TookOver || len(r.Record.Checkpoint) != 0 {
+			t.Errorf("claim after the retention: TookOver %v, checkpoint %q; want a fresh record", r.TookOver, r.Record.Checkpoint)
+		}
+	})
+
+	t.Run("HeldRecordsAreLeftForAnOperator", func(t *testing.T) {
+		b := setup(t, h)
+		hold := func(p idem.ClaimParams, cp string, end bool) error {
+			return ss(b).SaveCheckpoint(b.ctx, idem.SaveCheckpointParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+				Checkpoint: []byte(cp), EndLease: end, Hold: true, Now: b.clock.Now()})
+		}
+		held := b.acquire(fpA)
+		if err := hold(held, "held", true); err != nil {
+			t.Fatalf("SaveCheckpoint Hold: %v", err)
+		}
+		heldNoEnd := b.acquire(fpA) // Hold alone ends the lease too
+		if err := hold(heldNoEnd, "held too", false); err != nil {
+			t.Fatalf("SaveCheckpoint Hold without EndLease: %v", err)
+		}
+		stuck := b.acquire(fpA)
+		if err := save(b, stuck, "stuck", true); err != nil {
+			t.Fatalf("SaveCheckpoint EndLease: %v", err)
+		}
+		keys := func(held bool) map[string]idem.StuckRecord {
+			t.Helper()
+			recs, err := ss(b).Stuck(b.ctx, idem.StuckParams{Limit: 10, Held: held, Now: b.clock.Now()})
+			if err != nil {
+				t.Fatalf("Stuck (held %v): %v", held, err)
+			}
+			out := map[string]idem.StuckRecord{}
+			for _, r := range recs {
+				out[r.Key] = r
+			}
+			return out
+		}
+		got := keys(false)
+		if _, ok := got[stuck.Key]; !ok || len(got) != 1 {
+			t.Errorf("Stuck = %v, want only the stuck record %q", got, stuck.Key)
+		}
+		got = keys(true)
+		if len(got) != 2 || string(got[held.Key].Checkpoint) != "held" || string(got[heldNoEnd.Key].Checkpoint) != "held too" {
+			t.Errorf("Stuck held = %v, want the two held records with their checkpoints", got)
+		}
+		for _, r := range got {
+			if r.Fingerprint != fpA || !(idem.Record{State: idem.StateInFlight, LeaseExpiresAt: r.LeaseExpiresAt}).Held() {
+				t.Errorf("held record %q: fingerprint %q, lease end %v", r.Key, r.Fingerprint, r.LeaseExpiresAt)
+			}
+		}
+		if in, ok := b.store.(idem.Inspector); ok {
+			ri, err := in.Get(b.ctx, idem.GetParams{Scope: held.Scope, Key: held.Key, Now: b.clock.Now()})
+			if err != nil || !ri.Held() {
+				t.Errorf("Inspector.Get of a held record: Held %v, %v", ri.Held(), err)
+			}
+			ri, err = in.Get(b.ctx, idem.GetParams{Scope: stuck.Scope, Key: stuck.Key, Now: b.clock.Now()})
+			if err != nil || ri.Held() {
+				t.Errorf("Inspector.Get of a stuck record: Held %v, %v", ri.Held(), err)
+			}
+		}
+		// Another payload is still refused; a retry with the same one takes
+		// the held record over at once and resumes it.
+		b.mustOutcome(b.claimParams(held.Scope, held.Key, fpB), idem.ClaimMismatch)
+		next := b.other(held)
+		r := b.mustOutcome(next, idem.ClaimAcquired)
+		if !r.TookOver || string(r.Record.Checkpoint) != "held" || r.Record.Held() {
+			t.Fatalf("claim of a held record: TookOver %v, checkpoint %q, held %v; want a take-over with a live lease", r.TookOver, r.Record.Checkpoint, r.Record.Held())
+		}
+		if _, ok := keys(true)[held.Key]; ok {
+			t.Error("a held record that was taken over is still listed as held")
+		}
+		// The stale owner cannot hold it again.
+		if err := hold(held, "stale", true); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("stale SaveCheckpoint Hold: %v, want ErrLeaseLost", err)
+		}
+		// Held again by its new owner, then ended with an ordinary
+		// EndLease: stuck again.
+		if err := hold(next, "held again", true); err != nil {
+			t.Fatalf("SaveCheckpoint Hold: %v", err)
+		}
+		again := b.other(next)
+		b.mustOutcome(again, idem.ClaimAcquired)
+		if err := save(b, again, "released to reconciliation", true); err != nil {
+			t.Fatalf("SaveCheckpoint EndLease: %v", err)
+		}
+		if _, ok := keys(false)[held.Key]; !ok {
+			t.Error("a record saved with EndLease after being held is not stuck")
+		}
+		// Completing a held record's resumption ends it as any other.
+		last := b.other(again)
+		b.mustOutcome(last, idem.ClaimAcquired)
+		if err := b.complete(last, sampleResponse()); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		b.mustOutcome(b.other(last), idem.ClaimCompleted)
 	})
 
 	t.Run("OneResumerAmong32", func(t *testing.T) {

@@ -30,7 +30,10 @@ encrypted (idem serve|proxy --encryption-keys) is shown only with the same
 --encryption-keys. Exit status 1 when there is no such record.`
 
 const lsAbout = `Lists unexpired idempotency records, sorted by scope and key (Redis: in its
-own order, and by Redis key name, since it keeps scopes and keys only hashed).`
+own order, and by Redis key name, since it keeps scopes and keys only hashed).
+STATE "held" is an in-flight record held for an operator: reconciliation gave
+up on it (idem serve --reconcile-max-attempts, --reconcile-max-age); a retry
+with its key still resumes it.`
 
 const deleteAbout = `Deletes the idempotency record for KEY, so that the key is new again: a retry
 executes the operation once more. It refuses an in-flight record (the first
@@ -172,15 +175,18 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STATE\tEXPIRES AT\tLEASE UNTIL\tSIZE\tSCOPE\tKEY")
 	for _, r := range recs {
-		lease := "-"
-		if r.State == idem.StateInFlight {
+		state, lease := r.State.String(), "-"
+		switch {
+		case r.Held():
+			state = "held"
+		case r.State == idem.StateInFlight:
 			lease = r.LeaseExpiresAt.Format(time.RFC3339)
 		}
 		scope, key := quoteField(r.Scope), quoteField(r.Key)
 		if r.Scope == "" && r.Key == "" {
 			scope, key = "(hashed)", r.ID
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", r.State, r.ExpiresAt.Format(time.RFC3339), lease, r.ResponseSize, scope, key)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", state, r.ExpiresAt.Format(time.RFC3339), lease, r.ResponseSize, scope, key)
 	}
 	_ = tw.Flush()
 	return exitOK
@@ -335,11 +341,15 @@ func printRecord(w io.Writer, r idem.RecordInfo, showBody bool, encryption strin
 	if r.ID != "" {
 		line("store id", "%s", r.ID)
 	}
-	line("state", "%s", r.State)
+	if r.Held() {
+		line("state", "%s, held for an operator: reconciliation gave up on it; a retry with its key still resumes it", r.State)
+	} else {
+		line("state", "%s", r.State)
+	}
 	line("fingerprint", "%s", r.Fingerprint)
 	line("fingerprint version", "%s", r.FingerprintVersion())
 	line("expires at", "%s (in %s)", r.ExpiresAt.Format(time.RFC3339Nano), time.Until(r.ExpiresAt).Round(time.Second))
-	if r.State == idem.StateInFlight {
+	if r.State == idem.StateInFlight && !r.Held() {
 		line("lease until", "%s (%s)", r.LeaseExpiresAt.Format(time.RFC3339Nano), leaseState(r.LeaseExpiresAt))
 	}
 	if encryption != "" {
@@ -396,6 +406,7 @@ type recordJSON struct {
 	FingerprintVersion string              `json:"fingerprintVersion"`
 	ExpiresAt          time.Time           `json:"expiresAt"`
 	LeaseExpiresAt     *time.Time          `json:"leaseExpiresAt,omitempty"`
+	Held               bool                `json:"held,omitempty"`
 	ResponseSize       int                 `json:"responseSize"`
 	Status             int                 `json:"status,omitempty"`
 	BodySize           *int                `json:"bodySize,omitempty"`
@@ -414,7 +425,10 @@ type recordJSON struct {
 func toJSON(r idem.RecordInfo, showBody bool) recordJSON {
 	j := recordJSON{Scope: r.Scope, Key: r.Key, ID: r.ID, State: r.State.String(), Fingerprint: r.Fingerprint,
 		FingerprintVersion: r.FingerprintVersion(), ExpiresAt: r.ExpiresAt, ResponseSize: r.ResponseSize}
-	if r.State == idem.StateInFlight {
+	switch {
+	case r.Held():
+		j.Held = true
+	case r.State == idem.StateInFlight:
 		j.LeaseExpiresAt = &r.LeaseExpiresAt
 		j.Steps = stepsJSON(r, showBody)
 	}

@@ -26,6 +26,9 @@ With --provider URL (see idem provider), each payment is made in three steps
 that survive crashes: a pending payment, a charge at the provider with a key
 derived from the client's key, then captured; a charge that cannot be made in
 --provider-budget answers 503 idempotency.step_incomplete and the retry resumes.
+A charge the provider declines (a 4xx) is final: the payment fails and the
+client gets 402 payment.declined, stored and replayed. Pending payments are
+resumed in the background (--reconcile-*) until they are held for an operator.
 
 Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
 GET /healthz, GET /readyz (every dependency answers within 1s, as JSON),
@@ -102,7 +105,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *ef.url != "" && *pf.url != "" {
 		return f.usageError("--events and --provider cannot be combined yet (the provider flow does not add events)")
 	}
-	if err := pf.check(sameDB); err != nil {
+	if err := pf.check(sameDB, *ttl); err != nil {
 		return f.usageError("%v", err)
 	}
 	// ReadFirst: a PostgreSQL replay is one primary-key read (the claim
@@ -215,9 +218,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if err != nil {
 			return f.usageError("%v", err)
 		}
+		pm := m.Provider(payments.Answers(), payments.Outcomes())
+		psvc.Observer = pm
 		rctx, stopReconcile := context.WithCancel(ctx)
 		defer stopReconcile()
-		go reconcileLoop(rctx, exec, psvc, *pf.reconcile, logger)
+		go reconcileLoop(rctx, exec, mwStore, psvc, pf, pm, logger)
 	}
 	postHandler := evs.after(mw.Handle(m.InFlight(create)))
 	if psvc != nil {
