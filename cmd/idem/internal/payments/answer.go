@@ -16,8 +16,10 @@ import (
 // 4xx for a charge refused, and the Idempotency-Key semantics for
 // everything else. Every answer falls in one of four classes:
 //
-//   - created: 201 with a non-empty string "id". The charge exists; the
-//     payment is captured with that id.
+//   - created: 201, or 200, with a non-empty string "id". The charge
+//     exists; the payment is captured with that id. 200 is accepted
+//     because many providers answer a create (or its idempotent replay)
+//     with it, and the charge id is what proves the charge.
 //   - declined: a 4xx other than 408, 409, 425 and 429. The provider
 //     refused the charge, and refuses it again for the same key: the
 //     outcome is final. Nothing was charged; the payment fails with the
@@ -26,7 +28,8 @@ import (
 //   - retryable: 408, 409, 425, 429, a 5xx, or no connection at all. The
 //     charge may or may not have been made (a 5xx can follow a charge):
 //     it is sent again with the same key, which the provider deduplicates.
-//   - unexpected: any other answer: a 2xx other than 201, a 201 without a
+//   - unexpected: any other answer: a 2xx other than 200 and 201 (202
+//     Accepted says the charge is not made yet), a 200 or 201 without a
 //     charge id or with a body that is not JSON, a 1xx or 3xx. The
 //     provider may have charged, and nothing proves that it did: marking
 //     the payment failed could leave a customer charged for a failed
@@ -43,7 +46,7 @@ import (
 // Answer labels: what one provider attempt's answer meant
 // (ChargeObserver.ChargeAttempt).
 const (
-	// AnswerCreated: 201 with a charge id.
+	// AnswerCreated: 201 or 200 with a charge id.
 	AnswerCreated = "created"
 	// AnswerDeclined: a final refusal (a 4xx other than 408, 409, 425, 429).
 	AnswerDeclined = "declined"
@@ -74,12 +77,12 @@ const (
 // the other classes a short description of the answer.
 func classify(status int, body []byte) (class answerClass, chargeID string, refusal *DeclineError, desc string) {
 	switch {
-	case status == http.StatusCreated:
+	case status == http.StatusCreated, status == http.StatusOK:
 		var c struct {
 			ID string `json:"id"`
 		}
 		if err := json.Unmarshal(body, &c); err != nil || c.ID == "" {
-			return classUnexpected, "", nil, "201 without a charge id"
+			return classUnexpected, "", nil, strconv.Itoa(status) + " without a charge id"
 		}
 		return classCreated, c.ID, nil, ""
 	case status == http.StatusRequestTimeout, status == http.StatusConflict, status == http.StatusTooEarly,
@@ -88,7 +91,7 @@ func classify(status int, body []byte) (class answerClass, chargeID string, refu
 	case status >= 400 && status <= 499:
 		return classDeclined, "", refusalOf(status, body), ""
 	}
-	return classUnexpected, "", nil, fmt.Sprintf("%d instead of 201", status)
+	return classUnexpected, "", nil, fmt.Sprintf("%d instead of 201 or 200", status)
 }
 
 // label is the answer label of a class.

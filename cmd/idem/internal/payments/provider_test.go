@@ -350,7 +350,9 @@ func TestProviderAnswerClasses(t *testing.T) {
 		{name: "404 without a body", answer: answerWith(404, ""), status: 402, code: CodeDeclined, providerStatus: 404, providerCode: "http_404"},
 		{name: "422 with a hostile code", answer: answerWith(422, `{"code":"x\u001b]52;c;bad","detail":"\u001b[31mno\u0007"}`),
 			status: 402, code: CodeDeclined, providerStatus: 422, providerCode: "http_422"},
-		{name: "200 instead of 201", answer: answerWith(200, `{"id":"ch_1"}`), status: 503, code: CodeStepIncomplete, unknown: true},
+		{name: "200 with a charge id", answer: answerWith(200, `{"id":"ch_1"}`), status: 201},
+		{name: "200 without a charge id", answer: answerWith(200, `{"ok":true}`), status: 503, code: CodeStepIncomplete, unknown: true},
+		{name: "202 accepted", answer: answerWith(202, `{"id":"ch_1"}`), status: 503, code: CodeStepIncomplete, unknown: true},
 		{name: "201 without a charge id", answer: answerWith(201, `{"status":"ok"}`), status: 503, code: CodeStepIncomplete, unknown: true},
 		{name: "201 not JSON", answer: answerWith(201, `<html>ok</html>`), status: 503, code: CodeStepIncomplete, unknown: true},
 		{name: "302 without a location", answer: answerWith(302, ""), status: 503, code: CodeStepIncomplete, unknown: true},
@@ -379,6 +381,15 @@ func TestProviderAnswerClasses(t *testing.T) {
 				}
 				if rr := b.reconcile(idem.ReconcileParams{}); rr.Found != 0 {
 					t.Errorf("a declined payment is reconciled: %+v", rr)
+				}
+				return
+			}
+			if c.status == http.StatusCreated {
+				if !strings.Contains(r.body, `"chargeId":"ch_1"`) {
+					t.Errorf("captured payment %s, want charge id ch_1", r.body)
+				}
+				if rr := b.reconcile(idem.ReconcileParams{}); rr.Found != 0 {
+					t.Errorf("a captured payment is reconciled: %+v", rr)
 				}
 				return
 			}
