@@ -68,6 +68,13 @@ type Harness struct {
 	// hashed (redisstore), so that idem.Inspector's List cannot return or
 	// filter by them. The suite then checks List without them.
 	HashedKeys bool
+
+	// ScanOrder declares that idem.Inspector's List walks its backend's
+	// own scan (redisstore: SCAN) rather than (Scope, Key) order: a walk
+	// lists every record that lives through it at least once, and may list
+	// one twice. The suite then checks at least once where it checks
+	// exactly once for the others.
+	ScanOrder bool
 }
 
 // Run runs the conformance suite.
