@@ -55,7 +55,8 @@ if [[ "$fuzztime" != 0 ]]; then
 	# Every parser: the key, canonical JSON, stored responses, the keyring
 	# file and the encryption envelope, the proxy's configuration file,
 	# Retry-After in the client, the payment request, the --store value, the
-	# header search behind the proxy's Connection handling.
+	# header search behind the proxy's Connection handling, the list
+	# cursors, the operator commands' escaping and quoted arguments.
 	while read -r pkg target; do
 		step "fuzz $target ($fuzztime)"
 		fuzz "$pkg" "$target"
@@ -78,6 +79,9 @@ if [[ "$fuzztime" != 0 ]]; then
 		github.com/idemhq/idem/cmd/idem/internal/proxy FuzzDroppedConnection
 		github.com/idemhq/idem/outbox FuzzHeaders
 		github.com/idemhq/idem/cmd/idem/internal/events FuzzValidateSubject
+		github.com/idemhq/idem FuzzParseListCursor
+		github.com/idemhq/idem/redisstore FuzzParseCursor
+		github.com/idemhq/idem/cmd/idem/internal/cli FuzzEscape
 	EOF
 fi
 
