@@ -98,23 +98,23 @@ func jsonString(s string) (string, bool) {
 // strings, where the escape decodes to the same character. encoding/json
 // writes valid UTF-8 only.
 func escapeJSON(b []byte) []byte {
-	if !bytes.ContainsFunc(b, escaped) {
+	raw := func(r rune) bool { return r >= 0x7f && escaped(r) } // below DEL, encoding/json escaped what needs it
+	i := bytes.IndexFunc(b, raw)
+	if i < 0 {
 		return b
 	}
 	out := make([]byte, 0, len(b)+32)
-	for len(b) > 0 {
-		r, size := utf8.DecodeRune(b)
-		if r >= 0x7f && escaped(r) {
-			if r > 0xffff {
-				hi, lo := utf16.EncodeRune(r)
-				out = fmt.Appendf(out, `\u%04x\u%04x`, hi, lo)
-			} else {
-				out = fmt.Appendf(out, `\u%04x`, r)
-			}
+	for i >= 0 {
+		out = append(out, b[:i]...)
+		r, size := utf8.DecodeRune(b[i:])
+		if r > 0xffff {
+			hi, lo := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, hi, lo)
 		} else {
-			out = append(out, b[:size]...)
+			out = fmt.Appendf(out, `\u%04x`, r)
 		}
-		b = b[size:]
+		b = b[i+size:]
+		i = bytes.IndexFunc(b, raw)
 	}
-	return out
+	return append(out, b...)
 }
