@@ -232,7 +232,7 @@ func (s *Store) scanNode(ctx context.Context, c redis.UniversalClient, cur *curs
 	switch {
 	case cur.runID == "":
 		cur.runID = runID
-	case cur.runID != runID:
+	case cur.runID != runID && cur.runID != unknownRun && runID != unknownRun:
 		return false, fmt.Errorf("%w: the Redis server it continues on restarted or failed over since (run ID %s, now %s): start the listing again", idem.ErrInvalidCursor, cur.runID, runID)
 	}
 	pattern := globEscape(s.prefix) + "{*}"
@@ -282,12 +282,22 @@ func (s *Store) scanNode(ctx context.Context, c redis.UniversalClient, cur *curs
 // serverState returns, in one round trip, the run ID of the Redis server c
 // talks to, which changes when it restarts (and differs between a primary
 // and its replica: a SCAN cursor is valid only on the run that made it),
-// and its clock.
+// and its clock. A server that refuses INFO (renamed or disabled, as some
+// managed services do) has the run ID unknownRun: walks on it cannot tell
+// a restart.
 func serverState(ctx context.Context, c redis.UniversalClient) (string, time.Time, error) {
 	pipe := c.Pipeline()
 	info := pipe.Info(ctx, "server")
 	now := pipe.Time(ctx)
-	if _, err := pipe.Exec(ctx); err != nil {
+	_, _ = pipe.Exec(ctx) // each command's error is read below
+	if err := now.Err(); err != nil {
+		return "", time.Time{}, err
+	}
+	var refused redis.Error
+	switch err := info.Err(); {
+	case errors.As(err, &refused):
+		return unknownRun, now.Val(), nil
+	case err != nil:
 		return "", time.Time{}, err
 	}
 	for line := range strings.Lines(info.Val()) {
@@ -295,8 +305,11 @@ func serverState(ctx context.Context, c redis.UniversalClient) (string, time.Tim
 			return v, now.Val(), nil
 		}
 	}
-	return "", time.Time{}, errors.New("INFO server has no run_id")
+	return unknownRun, now.Val(), nil
 }
+
+// unknownRun is the run ID of a server that does not tell its own.
+const unknownRun = "?"
 
 // collect reads the records named by keys in one pipeline and returns the
 // live ones that p selects, except those whose digest is in skip. Keys that

@@ -106,6 +106,45 @@ func TestListCursorAfterRestart(t *testing.T) {
 	}
 }
 
+// A server that refuses INFO (renamed away, as some managed services do)
+// is still listed, page by page; only a restart goes unnoticed there.
+func TestListWithoutInfo(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t, "--rename-command", "INFO", "")
+	c := redis.NewClient(&redis.Options{Addr: srv.addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := c.Info(ctx, "server").Err(); err == nil {
+		t.Fatal("INFO still answers")
+	}
+	for i := range 30 {
+		if _, err := s.Claim(ctx, idem.ClaimParams{Scope: "t", Key: fmt.Sprint(i), Fingerprint: fpA, Token: "o", Lease: time.Minute, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]bool{}
+	p := idem.ListParams{Limit: 4}
+	for {
+		page, err := s.List(ctx, p)
+		if err != nil {
+			t.Fatalf("List without INFO: %v", err)
+		}
+		for _, r := range page.Records {
+			seen[r.ID] = true
+		}
+		if p.After = page.Next; p.After == "" {
+			break
+		}
+	}
+	if len(seen) != 30 {
+		t.Errorf("listed %d records, want 30", len(seen))
+	}
+}
+
 // FuzzParseCursor: any input is refused with ErrInvalidCursor or is a
 // cursor in its one canonical form, printable ASCII without spaces.
 func FuzzParseCursor(f *testing.F) {
