@@ -10,9 +10,11 @@
 //   - the stored response is the serialized reply message, or the call's
 //     status (code, message, details) for a deterministic error;
 //   - missing or invalid key: InvalidArgument; another call with the key
-//     still running: Aborted with a RetryInfo detail; the key reused for
-//     another method or request message: FailedPrecondition; store
-//     unavailable: Unavailable with a RetryInfo detail. Each of these
+//     still running: Aborted with a RetryInfo detail; the key reused on
+//     the same method with another request message: FailedPrecondition
+//     (records are scoped by tenant and method, so the same key on another
+//     method is another record); store unavailable: Unavailable with a
+//     RetryInfo detail. Each of these
 //     carries an ErrorInfo detail (domain "idem") whose reason is the idem
 //     problem code, such as "idempotency.key_reused".
 //
@@ -191,7 +193,7 @@ func UnaryServerInterceptor(exec *idem.Executor, opts *ServerOptions) grpc.Unary
 		case errors.Is(err, idem.ErrInFlight):
 			return nil, idemError(codes.Aborted, idem.CodeRequestInProgress, "a call with this idempotency key is in progress; retry after the indicated delay to receive its reply", retry)
 		case errors.Is(err, idem.ErrFingerprintMismatch):
-			return nil, idemError(codes.FailedPrecondition, idem.CodeKeyReused, "this idempotency key was used for a call with another method or request message; use a new key for a new call", 0)
+			return nil, idemError(codes.FailedPrecondition, idem.CodeKeyReused, "this idempotency key was used for a call to this method with another request message; use a new key for a new call", 0)
 		case errors.Is(err, idem.ErrResponseUnavailable):
 			return nil, idemError(codes.FailedPrecondition, idem.CodeResponseUnavailable, "the call with this key completed, but its reply was too large to store; it will not run again with this key", 0)
 		case errors.Is(err, idem.ErrLeaseLost):

@@ -317,3 +317,27 @@ func TestRegisteredReplyTypeAndOptionalKey(t *testing.T) {
 		t.Errorf("Check ran %d times, want 3", b.health.runs.Load())
 	}
 }
+
+// The scope is per method: one key on two methods names two records, so
+// the second call runs (it is not idempotency.key_reused); key_reused is
+// the same key on the same method with another request message.
+func TestKeyIsScopedByMethod(t *testing.T) {
+	t.Parallel()
+	b := setup(t, newStore(t), nil)
+	if _, _, err := call(t, b.conn, "shared", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), idemgrpc.MetadataKey, "shared")
+	var header metadata.MD
+	if _, err := healthpb.NewHealthClient(b.conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header)); err != nil {
+		t.Fatalf("the key of a Create call on Check: %v", err)
+	}
+	if b.health.runs.Load() != 1 || header.Get(idemgrpc.MetadataReplayed)[0] != "false" {
+		t.Errorf("Check with another method's key: ran %d times, replayed %v", b.health.runs.Load(), header.Get(idemgrpc.MetadataReplayed))
+	}
+	_, _, err := call(t, b.conn, "shared", "bob")
+	wantCode(t, "the key on the same method with another message", err, codes.FailedPrecondition, idem.CodeKeyReused)
+	if st, _ := status.FromError(err); strings.Contains(st.Message(), "another method") {
+		t.Errorf("the key_reused message blames another method: %q", st.Message())
+	}
+}

@@ -55,6 +55,7 @@ func testClusterConformance(t *testing.T, cl *testcluster.Cluster) {
 		ServerClock:  true,
 		SelfExpiring: true,
 		HashedKeys:   true,
+		ScanOrder:    true,
 	})
 	t.Run("KeysSpreadOverMasters", func(t *testing.T) {
 		s, err := redisstore.New(client, &redisstore.Config{Prefix: "spread:"})

@@ -15,5 +15,6 @@ func TestConformance(t *testing.T) {
 		ServerClock:  true,
 		SelfExpiring: true,
 		HashedKeys:   true,
+		ScanOrder:    true,
 	})
 }

@@ -41,7 +41,11 @@
 // A record is one hash at Prefix + "{" + hex(SHA-256(scope, key)) + "}"
 // (see Store.Key), with the Redis expiry set to the end of its retention.
 // Redis deletes expired records itself: DeleteExpired has nothing to do and
-// returns 0. Idempotency keys and scopes are never stored in clear. Run Redis
+// returns 0. Idempotency keys and scopes are never stored in clear, so
+// idem.Inspector's List (idem ls) names records by their Redis key
+// (RecordInfo.ID, which Get and Delete take back), walks SCAN (a record may
+// be listed twice if Redis shrinks its table during a walk) and cannot
+// search by key (idem.ErrKeySearchUnsupported). Run Redis
 // with maxmemory-policy noeviction (its default): every record has an expiry,
 // so the volatile-* policies may evict records early, and an evicted record
 // lets a retry run the operation again.

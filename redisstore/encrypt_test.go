@@ -20,6 +20,7 @@ func TestConformanceEncrypted(t *testing.T) {
 		ServerClock:  true,
 		SelfExpiring: true,
 		HashedKeys:   true,
+		ScanOrder:    true,
 		Encryption:   storetest.Encryption(t),
 	})
 }

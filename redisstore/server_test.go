@@ -18,15 +18,16 @@ import (
 // not be done to the shared server: flushing its script cache, restarting
 // it.
 type privateRedis struct {
-	t    *testing.T
-	port int
-	dir  string
-	cmd  *exec.Cmd
+	t     *testing.T
+	port  int
+	dir   string
+	extra []string // more redis-server arguments
+	cmd   *exec.Cmd
 }
 
 // startRedis starts redis-server without persistence on a free loopback
 // port and stops it when t ends.
-func startRedis(t *testing.T) *privateRedis {
+func startRedis(t *testing.T, extra ...string) *privateRedis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "" {
@@ -38,7 +39,7 @@ func startRedis(t *testing.T) *privateRedis {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &privateRedis{t: t, port: ln.Addr().(*net.TCPAddr).Port, dir: t.TempDir()}
+	r := &privateRedis{t: t, port: ln.Addr().(*net.TCPAddr).Port, dir: t.TempDir(), extra: extra}
 	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +52,8 @@ func (r *privateRedis) addr() string { return net.JoinHostPort("127.0.0.1", strc
 
 func (r *privateRedis) start() {
 	r.t.Helper()
-	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir, "--loglevel", "warning")
+	r.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", r.dir, "--loglevel", "warning"}, r.extra...)...)
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatalf("starting redis-server: %v", err)
 	}

@@ -3,6 +3,7 @@ package storetest
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idemhq/idem"
@@ -126,11 +127,7 @@ func testInspect(t *testing.T, h Harness) {
 		list := func(p idem.ListParams) []idem.RecordInfo {
 			t.Helper()
 			p.Now = b.clock.Now()
-			out, err := in.List(b.ctx, p)
-			if err != nil {
-				t.Fatalf("List(%+v): %v", p, err)
-			}
-			return out
+			return walk(t, b, in, p)
 		}
 		all := list(idem.ListParams{Limit: 10})
 		if len(all) != 2 {
@@ -144,8 +141,9 @@ func testInspect(t *testing.T, h Harness) {
 				t.Errorf("List: ResponseSize = %d, want %d", ri.ResponseSize, want)
 			}
 		}
-		if got := list(idem.ListParams{Limit: 1}); len(got) != 1 {
-			t.Errorf("List with limit 1 = %d records", len(got))
+		page, err := in.List(b.ctx, idem.ListParams{Limit: 1, Now: b.clock.Now()})
+		if err != nil || len(page.Records) > 1 {
+			t.Errorf("List with limit 1 = %d records, %v", len(page.Records), err)
 		}
 		for _, c := range []struct {
 			state idem.RecordState
@@ -160,11 +158,86 @@ func testInspect(t *testing.T, h Harness) {
 			}
 		}
 		if h.HashedKeys {
+			_, err := in.List(b.ctx, idem.ListParams{Key: done.Key, Limit: 10, Now: b.clock.Now()})
+			if !errors.Is(err, idem.ErrKeySearchUnsupported) {
+				t.Errorf("List by key on a store that keeps keys hashed: %v, want ErrKeySearchUnsupported", err)
+			}
 			return
 		}
 		got := list(idem.ListParams{Key: done.Key, Limit: 10})
 		if len(got) != 1 || got[0].Key != done.Key {
 			t.Errorf("List(key %q) = %+v", done.Key, got)
+		}
+	})
+
+	t.Run("ListPages", func(t *testing.T) { testListPages(t, h) })
+	t.Run("ListPagesUnderChurn", func(t *testing.T) { testListChurn(t, h) })
+	t.Run("ListInvalidCursor", func(t *testing.T) {
+		b, in := inspector(t)
+		b.acquire(fpA)
+		for _, c := range []string{"x", "k1.", "k1.!!", "r1.", "r1.AAAA", "k1.gA", " "} {
+			_, err := in.List(b.ctx, idem.ListParams{After: c, Limit: 10, Now: b.clock.Now()})
+			if !errors.Is(err, idem.ErrInvalidCursor) {
+				t.Errorf("List after %q: %v, want ErrInvalidCursor", c, err)
+			}
+		}
+	})
+
+	t.Run("ByID", func(t *testing.T) {
+		b, in := inspector(t)
+		running := b.acquire(fpA)
+		done := b.acquire(fpB)
+		if err := b.complete(done, sampleResponse()); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		ri, err := get(b, in, running)
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		if ri.ID == "" {
+			// Records named by scope and key only: an ID is refused.
+			if _, err := in.Get(b.ctx, idem.GetParams{ID: "x", Now: b.clock.Now()}); !errors.Is(err, idem.ErrInvalidID) {
+				t.Errorf("Get by ID on a store without IDs: %v, want ErrInvalidID", err)
+			}
+			if err := in.Delete(b.ctx, idem.DeleteParams{ID: "x", Force: true, Now: b.clock.Now()}); !errors.Is(err, idem.ErrInvalidID) {
+				t.Errorf("Delete by ID on a store without IDs: %v, want ErrInvalidID", err)
+			}
+			if _, err := get(b, in, running); err != nil {
+				t.Errorf("the refused Delete by ID removed a record: %v", err)
+			}
+			return
+		}
+		// Each ID List returns names its record for Get and Delete.
+		ids := map[string]bool{}
+		for _, r := range walk(t, b, in, idem.ListParams{Limit: 10, Now: b.clock.Now()}) {
+			ids[r.ID] = true
+			got, err := in.Get(b.ctx, idem.GetParams{ID: r.ID, Now: b.clock.Now()})
+			if err != nil || got.ID != r.ID || got.State != r.State || got.Fingerprint != r.Fingerprint {
+				t.Errorf("Get(ID %q) = %+v, %v; List said %+v", r.ID, got, err, r)
+			}
+			if r.State == idem.StateCompleted && got.Response == nil {
+				t.Errorf("Get(ID %q) of a completed record has no response", r.ID)
+			}
+		}
+		if !ids[ri.ID] || len(ids) != 2 {
+			t.Fatalf("List returned IDs %v; Get of the in-flight record says %q", ids, ri.ID)
+		}
+		if err := in.Delete(b.ctx, idem.DeleteParams{ID: ri.ID, Now: b.clock.Now()}); !errors.Is(err, idem.ErrInFlight) {
+			t.Errorf("Delete by ID of an in-flight record without Force: %v, want ErrInFlight", err)
+		}
+		if err := in.Delete(b.ctx, idem.DeleteParams{ID: ri.ID, Force: true, Now: b.clock.Now()}); err != nil {
+			t.Errorf("Delete by ID with Force: %v", err)
+		}
+		if _, err := get(b, in, running); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get after Delete by ID: %v, want ErrNotFound", err)
+		}
+		if _, err := in.Get(b.ctx, idem.GetParams{ID: ri.ID, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get by the ID of a deleted record: %v, want ErrNotFound", err)
+		}
+		for _, bad := range []string{"x", ri.ID + "0", strings.ToUpper(ri.ID)} {
+			if _, err := in.Get(b.ctx, idem.GetParams{ID: bad, Now: b.clock.Now()}); !errors.Is(err, idem.ErrInvalidID) {
+				t.Errorf("Get by ID %q: %v, want ErrInvalidID", bad, err)
+			}
 		}
 	})
 

@@ -7,7 +7,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemhq/idem"
@@ -54,7 +53,7 @@ func printSteps(line func(k, format string, args ...any), r idem.RecordInfo) {
 	}
 	parts := make([]string, len(steps))
 	for i, st := range steps {
-		parts[i] = quoteField(st.Name) + " (" + stepState(st) + ")"
+		parts[i] = termField(st.Name) + " (" + stepState(st) + ")"
 	}
 	line("steps", "%s", strings.Join(parts, ", "))
 }
@@ -70,7 +69,7 @@ func printStepData(w io.Writer, r idem.RecordInfo) {
 	fmt.Fprintln(w)
 	for _, st := range steps {
 		if st.Done {
-			fmt.Fprintf(w, "step %s: %s\n", quoteField(st.Name), printableOrQuoted(st.Data))
+			fmt.Fprintf(w, "step %s: %s\n", termField(st.Name), printableOrQuoted(st.Data))
 		}
 	}
 }
@@ -85,12 +84,13 @@ func stepState(st idem.StepState) string {
 	return "not done"
 }
 
-// printableOrQuoted returns b as it is if it is UTF-8 text without control
-// characters, and Go-quoted otherwise, so that no stored byte reaches the
-// terminal as a control sequence.
+// printableOrQuoted returns b escaped for the terminal as termText does
+// (one line) if it is UTF-8 text, and Go-quoted otherwise, so that no
+// stored byte reaches the terminal as a control sequence.
 func printableOrQuoted(b []byte) string {
-	if utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) {
-		return string(b)
+	if utf8.Valid(b) {
+		t, _ := termText(string(b), false)
+		return t
 	}
 	return strconv.Quote(string(b))
 }

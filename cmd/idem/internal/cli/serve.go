@@ -73,7 +73,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		d    time.Duration
 	}{{"lease", *lease}, {"ttl", *ttl}, {"wait", *sf.wait}, {"store-timeout", *sf.storeTimeout}} {
 		if c.d > idem.MaxTTL {
-			return f.usageError("--%s %v is longer than the maximum %v (10 years, idem.MaxTTL): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
+			return f.usageError("--%s %v is longer than the maximum %v (10 years): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
 		}
 	}
 	if *ttl < *lease {
