@@ -62,7 +62,7 @@ func TestClassify(t *testing.T) {
 }
 
 // FuzzProviderAnswer: whatever a provider answers, the class follows from
-// the status alone except for 201, a refusal's code is a short token and
+// the status alone except for 201 and 200, a refusal's code is a short token and
 // its reason short printable text, and a charge id is never empty.
 func FuzzProviderAnswer(f *testing.F) {
 	f.Add(201, []byte(`{"id":"ch_1"}`))
@@ -73,9 +73,9 @@ func FuzzProviderAnswer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, status int, body []byte) {
 		class, id, refusal, desc := classify(status, body)
 		switch {
-		case status == http.StatusCreated:
+		case status == http.StatusCreated, status == http.StatusOK:
 			if (class == classCreated) != (id != "") || (class != classCreated && class != classUnexpected) {
-				t.Fatalf("201: class %v id %q", class, id)
+				t.Fatalf("%d: class %v id %q", status, class, id)
 			}
 		case status == 408 || status == 409 || status == 425 || status == 429 || status >= 500 && status <= 599:
 			if class != classRetryable {
