@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem/idemcrypt"
 )
 
 // Header names idem reads and writes.
@@ -267,7 +269,7 @@ type Config struct {
 	// again. See NewEncryption. Defaults to nil: responses and recovery
 	// points are stored as they are, and an encrypted record is
 	// unreadable.
-	Encryption *Encryption
+	Encryption *idemcrypt.Encryption
 	// ProblemBaseURL is the base of the "type" URI of idem's own problems:
 	// the problem code is appended to it (so a base ending in "#" names an
 	// anchor per code), and WriteProblem also sends the URI in a Link

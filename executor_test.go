@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -35,28 +36,28 @@ func (s *journalTxStore) entries() []string {
 	return append([]string(nil), s.journal...)
 }
 
-func (s *journalTxStore) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *journalTxStore) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	s.log("store.complete")
 	return s.Store.Complete(ctx, p)
 }
 
-func (s *journalTxStore) Release(ctx context.Context, p idem.ReleaseParams) error {
+func (s *journalTxStore) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 	s.log("store.release")
 	return s.Store.Release(ctx, p)
 }
 
-func (s *journalTxStore) BeginTx(ctx context.Context) (idem.StoreTx, error) {
+func (s *journalTxStore) BeginTx(ctx context.Context) (idemstore.Tx, error) {
 	s.log("begin")
 	return &journalTx{s: s}, nil
 }
 
 type journalTx struct {
 	s       *journalTxStore
-	pending *idem.CompleteParams
+	pending *idemstore.CompleteParams
 	done    bool
 }
 
-func (tx *journalTx) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (tx *journalTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	tx.s.log("tx.complete")
 	tx.pending = &p
 	return nil
@@ -318,13 +319,13 @@ func TestCompletionContextOutlivesTheClient(t *testing.T) {
 type ctxSpyKey struct{}
 
 type ctxSpy struct {
-	idem.Store
+	idemstore.Store
 	seen  *context.Context
 	err   error
 	value any
 }
 
-func (s *ctxSpy) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *ctxSpy) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	*s.seen = ctx
 	s.err = ctx.Err()
 	s.value = ctx.Value(ctxSpyKey{})

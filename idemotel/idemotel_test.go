@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemotel"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -39,13 +40,13 @@ type bundle struct {
 // failing makes every claim fail, as an unreachable store does, while
 // bundle.down is set.
 type failing struct {
-	idem.Store
+	idemstore.Store
 	b *bundle
 }
 
-func (f failing) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (f failing) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	if f.b.down.Load() {
-		return idem.ClaimResult{}, errors.New("connection refused")
+		return idemstore.ClaimResult{}, errors.New("connection refused")
 	}
 	return f.Store.Claim(ctx, p)
 }

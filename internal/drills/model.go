@@ -65,7 +65,7 @@ type state struct {
 	ExpLo, ExpHi       int64
 }
 
-// Model is the idem.Store contract (store.go, docs/semantics.md) for
+// Model is the idemstore.Store contract (store.go, docs/semantics.md) for
 // porcupine, one key per partition. It is nondeterministic where the
 // history cannot tell what the store saw: whether a lease or the retention
 // had ended at an instant known only to an interval, and whether an

@@ -1,26 +1,32 @@
-package idem
+// Package canonjson writes JSON in a canonical form, so that two texts of the
+// same value compare equal byte for byte (RFC 8785, with exact numbers; see
+// Append), and reads RFC 6901 JSON Pointers (ParsePointer). idem
+// fingerprints JSON request bodies with it; it has no other dependency than
+// the standard library.
+package canonjson
 
 import (
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 )
 
-// ErrInvalidJSON reports a body that claims to be JSON but cannot be
+// ErrInvalid reports a body that claims to be JSON but cannot be
 // canonicalised: malformed JSON, invalid UTF-8, an escaped lone surrogate, a
 // duplicate member name, or nesting deeper than maxJSONDepth. The
 // middleware answers it with 400 idempotency.body_invalid before any key is
 // claimed.
-var ErrInvalidJSON = errors.New("idem: invalid JSON body")
+var ErrInvalid = errors.New("canonjson: invalid JSON")
 
 // maxJSONDepth bounds nesting so that a hostile body cannot make the
 // canonicaliser recurse without limit.
 const maxJSONDepth = 512
 
-// AppendCanonicalJSON appends the canonical form of the JSON text src to dst.
+// Append appends the canonical form of the JSON text src to dst.
 //
 // The form is RFC 8785 (JSON Canonicalization Scheme): no insignificant
 // whitespace, object members sorted by the UTF-16 code units of their names,
@@ -33,9 +39,9 @@ const maxJSONDepth = 512
 // exactly with its shortest digits the output equals RFC 8785's. Negative
 // zero is written as 0.
 //
-// Errors wrap ErrInvalidJSON.
-func AppendCanonicalJSON(dst, src []byte) ([]byte, error) {
-	c := canonPool.Get()
+// Errors wrap ErrInvalid.
+func Append(dst, src []byte) ([]byte, error) {
+	c := canonPool.Get().(*canonicalizer)
 	c.src, c.pos, c.dst = src, 0, dst
 	err := c.run()
 	out := c.dst
@@ -47,7 +53,7 @@ func AppendCanonicalJSON(dst, src []byte) ([]byte, error) {
 	return out, nil
 }
 
-var canonPool = pool(func() *canonicalizer { return new(canonicalizer) })
+var canonPool = sync.Pool{New: func() any { return new(canonicalizer) }}
 
 // member locates one object member while its object is being sorted: its
 // decoded name in keys and its serialised "name":value in dst.
@@ -78,7 +84,7 @@ func (c *canonicalizer) reset() {
 
 func (c *canonicalizer) run() error {
 	if !utf8.Valid(c.src) {
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidJSON)
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalid)
 	}
 	c.skipSpace()
 	if err := c.value(0); err != nil {
@@ -92,7 +98,7 @@ func (c *canonicalizer) run() error {
 }
 
 func (c *canonicalizer) errorf(format string, args ...any) error {
-	return fmt.Errorf("%w: offset %d: %s", ErrInvalidJSON, c.pos, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: offset %d: %s", ErrInvalid, c.pos, fmt.Sprintf(format, args...))
 }
 
 func (c *canonicalizer) skipSpace() {
@@ -239,7 +245,7 @@ func (c *canonicalizer) sortMembers(ms []member) error {
 		slices.SortFunc(ms, func(a, b member) int { return compareUTF16(name(a), name(b)) })
 		for i := 1; i < len(ms); i++ {
 			if compareUTF16(name(ms[i-1]), name(ms[i])) == 0 {
-				return fmt.Errorf("%w: duplicate member name %q", ErrInvalidJSON, name(ms[i]))
+				return fmt.Errorf("%w: duplicate member name %q", ErrInvalid, name(ms[i]))
 			}
 		}
 		c.dst = c.dst[:start]

@@ -1,4 +1,4 @@
-package idem
+package idemcrypt
 
 import (
 	"bytes"
@@ -46,8 +46,8 @@ var (
 	ErrDecrypt = errors.New("idem: stored ciphertext does not authenticate")
 )
 
-// KeyringKey is one key-encryption key of a Keyring.
-type KeyringKey struct {
+// Key is one key-encryption key of a Keyring.
+type Key struct {
 	// ID names the key in every record it protects: 1 to 64 characters from
 	// A-Z a-z 0-9 . _ -. Ids are not secret.
 	ID string
@@ -75,7 +75,7 @@ const maxKeyringFile = 1 << 20
 
 // NewKeyring returns a keyring of keys, newest last. It fails on an empty
 // list, an invalid or duplicate id, or a key that is not 32 bytes.
-func NewKeyring(keys ...KeyringKey) (*Keyring, error) {
+func NewKeyring(keys ...Key) (*Keyring, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("idem: keyring: no keys")
 	}
@@ -116,7 +116,7 @@ func ParseKeyring(data []byte) (*Keyring, error) {
 	if len(data) > maxKeyringFile {
 		return nil, fmt.Errorf("idem: keyring: %d bytes, limit %d", len(data), maxKeyringFile)
 	}
-	var keys []KeyringKey
+	var keys []Key
 	for i, line := range bytes.Split(data, []byte("\n")) {
 		line = bytes.TrimSpace(line)
 		if len(line) == 0 || line[0] == '#' {
@@ -137,7 +137,7 @@ func ParseKeyring(data []byte) (*Keyring, error) {
 		if n != 32 {
 			return nil, fmt.Errorf("idem: keyring: line %d (key %q): the key is %d bytes, want 32 (AES-256)", i+1, id, n)
 		}
-		keys = append(keys, KeyringKey{ID: string(id), Key: key[:n]})
+		keys = append(keys, Key{ID: string(id), Key: key[:n]})
 	}
 	if len(keys) == 0 {
 		return nil, errors.New("idem: keyring: no keys (want one id:base64-32-bytes line per key, newest last)")

@@ -1,4 +1,4 @@
-package idem
+package canonjson
 
 import (
 	"bytes"
@@ -12,9 +12,9 @@ import (
 
 func canon(t *testing.T, in string) string {
 	t.Helper()
-	out, err := AppendCanonicalJSON(nil, []byte(in))
+	out, err := Append(nil, []byte(in))
 	if err != nil {
-		t.Fatalf("AppendCanonicalJSON(%q): %v", in, err)
+		t.Fatalf("Append(%q): %v", in, err)
 	}
 	return string(out)
 }
@@ -68,24 +68,24 @@ func TestCanonicalJSONRejects(t *testing.T) {
 		"\"\xff\"", "{\"a\xc3\":1}", `"\ud800"`, `"\udc00"`, `"\ud800\u0041"`, `"\ud800x"`,
 		`1e9999999999999999999`, deep,
 	} {
-		if out, err := AppendCanonicalJSON(nil, []byte(in)); !errors.Is(err, ErrInvalidJSON) {
-			t.Errorf("AppendCanonicalJSON(%q) = %q, %v; want ErrInvalidJSON", in, out, err)
+		if out, err := Append(nil, []byte(in)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Append(%q) = %q, %v; want ErrInvalid", in, out, err)
 		}
 	}
 	// Exactly at the depth limit is fine.
 	ok := strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth)
-	if _, err := AppendCanonicalJSON(nil, []byte(ok)); err != nil {
+	if _, err := Append(nil, []byte(ok)); err != nil {
 		t.Errorf("nesting of %d rejected: %v", maxJSONDepth, err)
 	}
 }
 
 func TestCanonicalJSONKeepsDst(t *testing.T) {
 	dst := []byte("prefix:")
-	out, err := AppendCanonicalJSON(dst, []byte(`{"b":[1,2],"a":"x"}`))
+	out, err := Append(dst, []byte(`{"b":[1,2],"a":"x"}`))
 	if err != nil || string(out) != `prefix:{"a":"x","b":[1,2]}` {
 		t.Fatalf("got %q, %v", out, err)
 	}
-	if out, err := AppendCanonicalJSON(dst, []byte(`{"a":1,"a":1}`)); err == nil || string(out) != "prefix:" {
+	if out, err := Append(dst, []byte(`{"a":1,"a":1}`)); err == nil || string(out) != "prefix:" {
 		t.Fatalf("on error got %q, %v; want dst unchanged", out, err)
 	}
 }
@@ -102,10 +102,10 @@ func FuzzCanonicalJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		out, err := AppendCanonicalJSON(nil, in)
+		out, err := Append(nil, in)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidJSON) {
-				t.Fatalf("error %v does not wrap ErrInvalidJSON", err)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
 			}
 			return
 		}
@@ -115,7 +115,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 		if !json.Valid(out) {
 			t.Fatalf("output %q of %q is not valid JSON", out, in)
 		}
-		again, err := AppendCanonicalJSON(nil, out)
+		again, err := Append(nil, out)
 		if err != nil || !bytes.Equal(again, out) {
 			t.Fatalf("not idempotent: %q -> %q -> %q (%v)", in, out, again, err)
 		}

@@ -1,4 +1,4 @@
-package idem
+package idemstore
 
 import (
 	"context"
@@ -158,7 +158,10 @@ type RecordInfo struct {
 
 // FingerprintVersion returns the encoding version of the record's
 // fingerprint (the part before the colon, such as "v1").
-func (r RecordInfo) FingerprintVersion() string { return fingerprintVersionOf(r.Fingerprint) }
+func (r RecordInfo) FingerprintVersion() string {
+	v, _, _ := strings.Cut(r.Fingerprint, ":")
+	return v
+}
 
 func (s RecordState) String() string {
 	switch s {

@@ -1,4 +1,4 @@
-package idem
+package idemstore
 
 import (
 	"encoding/binary"
@@ -143,4 +143,10 @@ func (d *decoder) field() []byte {
 	f := d.b[:n:n]
 	d.b = d.b[n:]
 	return f
+}
+
+// appendField appends a length-prefixed field.
+func appendField[T string | []byte](buf []byte, v T) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(v)))
+	return append(buf, v...)
 }

@@ -1,4 +1,4 @@
-package idem
+package idemstore
 
 import (
 	"context"
@@ -9,10 +9,16 @@ import (
 
 // This file is the store author's API: the Store interface, its parameter
 // and result types, its sentinel errors and its optional capabilities
-// (TxStore, StoreTx, TxClaimer, TxRenewer, Watcher, StepStore,
+// (TxStore, Tx, TxClaimer, TxRenewer, Watcher, StepStore,
 // CheckpointTx). An application that only uses idem never needs these
 // names. How stable they are is stated under "For store
 // authors" in the package documentation (doc.go).
+
+// MaxCheckpoint bounds an encoded checkpoint (see StepStore): step data is
+// meant to be small (identifiers, a provider's charge id), not documents.
+// A StepStore holds checkpoints of at least this size, sealed ones (up to
+// 8 KiB more) included.
+const MaxCheckpoint = 64 << 10
 
 // Store errors. Stores return them, possibly wrapped, and callers test them
 // with errors.Is.
@@ -36,6 +42,11 @@ var (
 	// (memstore) has no room for a new record. The middleware answers it as
 	// any store failure: 503, the handler does not run.
 	ErrStoreFull = errors.New("idem: store is full")
+
+	// ErrInFlight is returned by Inspector.Delete for an in-flight record
+	// without DeleteParams.Force; the core's Executor.Do returns it (as
+	// idem.ErrInFlight) for a duplicate of a running request.
+	ErrInFlight = errors.New("idem: a request with this key is in progress")
 )
 
 // Store keeps idempotency records. A record is identified by (scope, key),
@@ -260,11 +271,11 @@ type TxStore interface {
 	// BeginTx starts a transaction. It is called lazily, when the operation
 	// first asks for its transaction, so that work done before that holds
 	// no database lock.
-	BeginTx(ctx context.Context) (StoreTx, error)
+	BeginTx(ctx context.Context) (Tx, error)
 }
 
-// StoreTx is a transaction begun by a TxStore.
-type StoreTx interface {
+// Tx is a transaction begun by a TxStore.
+type Tx interface {
 	// Complete is Store.Complete inside the transaction. It returns
 	// ErrLeaseLost when Token no longer owns the record, in which case the
 	// caller rolls back.
@@ -289,7 +300,7 @@ type TxClaimer interface {
 	// record (the key is absent, or its record expired): it then begins a
 	// transaction, writes the in-flight record owned by p.Token in it and
 	// returns ClaimAcquired with that transaction open. The caller runs
-	// the operation in it and ends it with StoreTx.Complete and Commit,
+	// the operation in it and ends it with Tx.Complete and Commit,
 	// or with Rollback, which leaves the key as it was before the claim.
 	//
 	// Until the transaction ends no other claim sees the record: a
@@ -306,17 +317,17 @@ type TxClaimer interface {
 	//
 	// A take-over of an in-flight record whose lease expired commits as
 	// Claim does and returns ClaimAcquired with TookOver and a nil
-	// StoreTx: the new owner may resume a multi-step operation, which
+	// Tx: the new owner may resume a multi-step operation, which
 	// needs a committed claim. Every outcome other than ClaimAcquired, and
-	// every error, returns a nil StoreTx.
+	// every error, returns a nil Tx.
 	//
 	// The transaction is bound to ctx as BeginTx's is: the core passes a
 	// context that outlives the transaction, and cancels it if ClaimTx has
 	// not returned within Config.StoreTimeout.
-	ClaimTx(ctx context.Context, p ClaimParams) (ClaimResult, StoreTx, error)
+	ClaimTx(ctx context.Context, p ClaimParams) (ClaimResult, Tx, error)
 }
 
-// TxRenewer is implemented by a StoreTx that must renew the lease through
+// TxRenewer is implemented by a Tx that must renew the lease through
 // the open transaction, because the store serialises writers and a renewal
 // on another connection would wait for this transaction (SQLite). While a
 // transaction that implements it is open, the core renews through it.
@@ -350,7 +361,7 @@ type StepStore interface {
 	// live lease, so the next claim with the same fingerprint takes it
 	// over at once. It returns ErrLeaseLost, changing nothing, if Token
 	// does not own an in-flight record at (Scope, Key): a stale owner
-	// cannot commit a step. Complete (and StoreTx.Complete) discards the
+	// cannot commit a step. Complete (and Tx.Complete) discards the
 	// record's checkpoint: a completed record holds none.
 	SaveCheckpoint(ctx context.Context, p SaveCheckpointParams) error
 
@@ -363,7 +374,7 @@ type StepStore interface {
 	Stuck(ctx context.Context, p StuckParams) ([]StuckRecord, error)
 }
 
-// CheckpointTx is implemented by the StoreTx of a transactional StepStore:
+// CheckpointTx is implemented by the Tx of a transactional StepStore:
 // SaveCheckpoint inside the transaction, so that a step's business writes
 // and its recovery point commit together (or neither).
 type CheckpointTx interface {

@@ -1,10 +1,11 @@
-package idem
+package idemcrypt
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Recovery points (see Step) are sealed as responses are: each saved
@@ -18,12 +19,12 @@ import (
 // clear, and any others are taken for sealed and must open. Damaging a
 // seal therefore never turns it into plaintext; only replacing it with a
 // whole plain checkpoint does, and that is refused unless
-// EncryptionConfig.AcceptPlaintext is set.
+// Config.AcceptPlaintext is set.
 const checkpointMagic = "\x00idemcp1"
 
 // maxSealedCheckpoint bounds the stored form OpenCheckpoint reads: the
 // largest checkpoint in clear plus room for a KMS's key id and wrapped key.
-const maxSealedCheckpoint = MaxCheckpoint + 8<<10
+const maxSealedCheckpoint = idemstore.MaxCheckpoint + 8<<10
 
 // SealCheckpoint returns the form of checkpoint to store for the record
 // (scope, key, fingerprint): sealed with AES-256-GCM under a fresh data key
@@ -64,7 +65,7 @@ func (e *Encryption) SealCheckpoint(ctx context.Context, scope, key, fingerprint
 // that does not open, under a key id the KeyProvider no longer has, or
 // moved from another record; a sealed checkpoint with encryption off (nil
 // receiver); or a checkpoint in clear with encryption on, unless
-// EncryptionConfig.AcceptPlaintext is set. It never returns bytes that did
+// Config.AcceptPlaintext is set. It never returns bytes that did
 // not authenticate, except a checkpoint in clear where clear is accepted.
 // An empty stored checkpoint opens to nil.
 func (e *Encryption) OpenCheckpoint(ctx context.Context, scope, key, fingerprint string, stored []byte) ([]byte, error) {
@@ -75,7 +76,7 @@ func (e *Encryption) OpenCheckpoint(ctx context.Context, scope, key, fingerprint
 		if e == nil || e.acceptPlaintext {
 			return stored, nil
 		}
-		return nil, fmt.Errorf("%w: the recovery point is stored in clear and AcceptPlaintext is off (EncryptionConfig.AcceptPlaintext; idem serve --accept-plaintext)", ErrRecordUnreadable)
+		return nil, fmt.Errorf("%w: the recovery point is stored in clear and AcceptPlaintext is off (Config.AcceptPlaintext; idem serve --accept-plaintext)", ErrRecordUnreadable)
 	}
 	if e == nil {
 		return nil, fmt.Errorf("%w: the recovery point is encrypted and no encryption keys are configured", ErrRecordUnreadable)

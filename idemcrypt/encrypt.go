@@ -1,4 +1,4 @@
-package idem
+package idemcrypt
 
 import (
 	"context"
@@ -11,11 +11,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/idemhq/idem/idemstore"
 	"hash"
-	"log/slog"
 	"net/http"
 	"sync"
-	"time"
 )
 
 // ErrRecordUnreadable is returned by Executor.Do (and answered with 503
@@ -40,7 +39,7 @@ var ErrRecordUnreadable = errors.New("idem: the stored record cannot be decrypte
 //   - the record's scope and key are authenticated as associated data of
 //     both (and, for a recovery point, its fingerprint), so a ciphertext
 //     moved to another record does not decrypt;
-//   - optionally (EncryptionConfig.HashKey) the stores hold an HMAC of the
+//   - optionally (Config.HashKey) the stores hold an HMAC of the
 //     scope and the key instead of the client's values.
 //
 // It works in the core, on the Response handed to Store.Complete (and
@@ -59,9 +58,9 @@ type Encryption struct {
 	macs sync.Pool
 }
 
-// EncryptionConfig configures NewEncryption. A nil *EncryptionConfig
+// Config configures New. A nil *Config
 // means every default.
-type EncryptionConfig struct {
+type Config struct {
 	// HashKey, when set, makes the core hand stores an HMAC-SHA256 of the
 	// record scope and of the idempotency key (base64url, 43 characters
 	// each) instead of the values themselves, so a store's contents name no
@@ -98,8 +97,8 @@ type EncryptionConfig struct {
 	AcceptPlaintext bool
 }
 
-// NewEncryption returns an Encryption that wraps data keys with keys.
-func NewEncryption(keys KeyProvider, cfg *EncryptionConfig) (*Encryption, error) {
+// New returns an Encryption that wraps data keys with keys.
+func New(keys KeyProvider, cfg *Config) (*Encryption, error) {
 	if keys == nil {
 		return nil, errors.New("idem: encryption: nil KeyProvider")
 	}
@@ -149,11 +148,11 @@ const (
 // and the encrypted status and header fields. The sealed response's status
 // is 200. scope and key are the record's own (not hashed); with a nil
 // receiver Seal returns r.
-func (e *Encryption) Seal(ctx context.Context, scope, key string, r *Response) (*Response, error) {
+func (e *Encryption) Seal(ctx context.Context, scope, key string, r *idemstore.Response) (*idemstore.Response, error) {
 	if e == nil {
 		return r, nil
 	}
-	meta, err := (&Response{StatusCode: r.StatusCode, Header: r.Header, Unreplayable: r.Unreplayable}).MarshalBinary()
+	meta, err := (&idemstore.Response{StatusCode: r.StatusCode, Header: r.Header, Unreplayable: r.Unreplayable}).MarshalBinary()
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +183,7 @@ func (e *Encryption) Seal(ctx context.Context, scope, key string, r *Response) (
 	if len(bodyCt) > 0 {
 		body = bodyCt
 	}
-	return &Response{StatusCode: sealedStatus, Body: body, Header: http.Header{
+	return &idemstore.Response{StatusCode: sealedStatus, Body: body, Header: http.Header{
 		envelopeField: {envelopeV1, base64.RawURLEncoding.EncodeToString(env)},
 	}}, nil
 }
@@ -194,7 +193,7 @@ func (e *Encryption) Seal(ctx context.Context, scope, key string, r *Response) (
 // ErrDecrypt where they apply) when it cannot: it never returns bytes that
 // did not authenticate. A response that is not sealed is returned as it is
 // if encryption is off (nil receiver) or AcceptPlaintext is set.
-func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (*Response, error) {
+func (e *Encryption) Open(ctx context.Context, scope, key string, r *idemstore.Response) (*idemstore.Response, error) {
 	if r == nil {
 		return nil, nil
 	}
@@ -203,7 +202,7 @@ func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (
 		if e == nil || e.acceptPlaintext {
 			return r, nil
 		}
-		return nil, fmt.Errorf("%w: the response is stored in clear and AcceptPlaintext is off (EncryptionConfig.AcceptPlaintext; idem serve|proxy --accept-plaintext)", ErrRecordUnreadable)
+		return nil, fmt.Errorf("%w: the response is stored in clear and AcceptPlaintext is off (Config.AcceptPlaintext; idem serve|proxy --accept-plaintext)", ErrRecordUnreadable)
 	}
 	if e == nil {
 		return nil, fmt.Errorf("%w: the record is encrypted and no encryption keys are configured", ErrRecordUnreadable)
@@ -240,7 +239,7 @@ func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w: response under key %q", ErrRecordUnreadable, ErrDecrypt, keyID)
 	}
-	out := new(Response)
+	out := new(idemstore.Response)
 	if err := out.UnmarshalBinary(plain[:len(metaCt)]); err != nil || len(out.Body) != 0 {
 		return nil, fmt.Errorf("%w: malformed sealed response", ErrRecordUnreadable)
 	}
@@ -250,8 +249,12 @@ func (e *Encryption) Open(ctx context.Context, scope, key string, r *Response) (
 	return out, nil
 }
 
+// HashesKeys reports whether stores see digests of scopes and keys
+// (Config.HashKey) rather than the values; false for a nil receiver.
+func (e *Encryption) HashesKeys() bool { return e != nil && e.hashKey != nil }
+
 // StoredKey returns the (scope, key) under which stores keep the record
-// of (scope, key): HMAC-SHA256 digests under EncryptionConfig.HashKey, or
+// of (scope, key): HMAC-SHA256 digests under Config.HashKey, or
 // the values themselves without one (or with a nil receiver). The key's
 // digest covers the scope too, so equal keys of two tenants do not show as
 // equal digests.
@@ -290,14 +293,32 @@ func newGCM(key []byte) (cipher.AEAD, error) {
 	return cipher.NewGCM(block)
 }
 
-// unreadable reports a record whose response (what is "response") or
-// recovery point (what is "recovery point") cannot be opened: logged as an
-// error (the operator must restore a key or investigate tampering),
-// observed as a store error with CodeRecordUnreadable, and returned as an
-// error wrapping ErrRecordUnreadable.
-func (e *Executor) unreadable(ctx context.Context, p DoParams, start time.Time, what string, err error) error {
-	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored "+what+" cannot be decrypted; answering 503 without executing",
-		slog.String("operation", p.Operation), keyAttr(p.Key), slog.Any("error", err))
-	e.emit(ctx, Event{Kind: EventStoreError, Operation: p.Operation, Status: http.StatusServiceUnavailable, Code: CodeRecordUnreadable, Err: err}, start)
-	return err
+// appendField appends a length-prefixed field, as the envelope and the
+// associated data write them.
+func appendField[T string | []byte](buf []byte, v T) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(v)))
+	return append(buf, v...)
 }
+
+// decoder reads the fields appendField wrote; the first malformed one sets
+// err, and every later read returns nothing.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) field() []byte {
+	if d.err != nil {
+		return nil
+	}
+	n, k := binary.Uvarint(d.b)
+	if k <= 0 || n > uint64(len(d.b)-k) {
+		d.err = errMalformed
+		return nil
+	}
+	f := d.b[k : k+int(n) : k+int(n)]
+	d.b = d.b[k+int(n):]
+	return f
+}
+
+var errMalformed = errors.New("idemcrypt: malformed field")
