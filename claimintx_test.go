@@ -44,7 +44,7 @@ type txClaimStore struct {
 	claimCtxs []context.Context // the contexts ClaimTx was called with
 	// hook, if set, answers ClaimTx instead of the store.
 	hook        func(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error)
-	completeErr error // returned once, by the next StoreTx.Complete
+	completeErr error // returned once, by the next idemstore.Tx.Complete
 	commitErr   error // returned once, by the next Commit, which then discards
 }
 

@@ -263,10 +263,10 @@ type Config struct {
 
 	// Encryption, when set, encrypts every stored response and recovery
 	// point and binds each to its record (and, with
-	// EncryptionConfig.HashKey, hashes the scope and key the stores see).
+	// idemcrypt.Config.HashKey, hashes the scope and key the stores see).
 	// A record that cannot be decrypted is answered with
 	// ErrRecordUnreadable (503), never replayed, resumed or executed
-	// again. See NewEncryption. Defaults to nil: responses and recovery
+	// again. See idemcrypt.New. Defaults to nil: responses and recovery
 	// points are stored as they are, and an encrypted record is
 	// unreadable.
 	Encryption *idemcrypt.Encryption

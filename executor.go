@@ -186,7 +186,7 @@ func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, e
 // from, and the Result to fill (the middleware's lives in its per-request
 // state).
 func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time, res *Result) (*Result, error) {
-	// With EncryptionConfig.HashKey the stores see digests, never the
+	// With idemcrypt.Config.HashKey the stores see digests, never the
 	// client's values; p keeps them for the operation and the logs.
 	storedScope, storedKey := e.cfg.Encryption.StoredKey(p.Scope, p.Key)
 	cp := idemstore.ClaimParams{

@@ -538,7 +538,7 @@ type ReconcileResult struct {
 // TTL.
 //
 // It returns ErrStepsUnsupported if the store is not a StepStore, and with
-// EncryptionConfig.HashKey, whose records do not hold the client's key.
+// idemcrypt.Config.HashKey, whose records do not hold the client's key.
 func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func(ctx context.Context, rec idemstore.StuckRecord) (Operation, error)) (ReconcileResult, error) {
 	var res ReconcileResult
 	ss, ok := e.store.(idemstore.StepStore)
@@ -549,7 +549,7 @@ func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func
 		// The records hold digests of the scope and key: the client's key,
 		// which DeriveKey and the sealed response need, is not stored.
 		// Clients' retries still resume their operations.
-		return res, fmt.Errorf("%w: Reconcile cannot resume records whose names are hashed (EncryptionConfig.HashKey)", ErrStepsUnsupported)
+		return res, fmt.Errorf("%w: Reconcile cannot resume records whose names are hashed (idemcrypt.Config.HashKey)", ErrStepsUnsupported)
 	}
 	if p.MaxAttempts < 0 || p.MaxAge < 0 || p.Limit < 0 || p.Concurrency < 0 {
 		return res, fmt.Errorf("idem: ReconcileParams: negative Limit (%d), Concurrency (%d), MaxAttempts (%d) or MaxAge (%v)",

@@ -43,7 +43,7 @@ var ErrRecordUnreadable = errors.New("idem: the stored record cannot be decrypte
 //     scope and the key instead of the client's values.
 //
 // It works in the core, on the Response handed to Store.Complete (and
-// StoreTx.Complete) and returned by Store.Claim, and on the checkpoints
+// idemstore.Tx.Complete) and returned by Store.Claim, and on the checkpoints
 // handed to StepStore.SaveCheckpoint (and CheckpointTx) and returned by
 // Store.Claim and StepStore.Stuck, so every store gets it and keeps its
 // optional capabilities. What stays in clear is listed in docs/security.md.

@@ -524,7 +524,7 @@ func TestClaimRejectsBadArguments(t *testing.T) {
 	}
 }
 
-// The StoreTx of BeginTx: Native is the pgx.Tx, Rollback after Commit is a
+// The Tx of BeginTx: Native is the pgx.Tx, Rollback after Commit is a
 // no-op, and Commit makes the completion visible.
 func TestBeginTx(t *testing.T) {
 	t.Parallel()

@@ -60,7 +60,7 @@ type Harness struct {
 
 	// Encryption, when set, runs the suite as the core runs with
 	// Config.Encryption: every response the suite completes is sealed
-	// first (Store.Complete and StoreTx.Complete), every response a claim
+	// first (Store.Complete and idemstore.Tx.Complete), every response a claim
 	// returns is opened before it is compared, and the suite's names pass
 	// through Encryption.StoredKey. The store itself is used as it is, so
 	// every optional capability is still checked.

@@ -1,11 +1,9 @@
-module github.com/idemhq/idem/natsidem
+module github.com/idemhq/idem/idemnats
 
 go 1.26.0
 
 require (
 	github.com/idemhq/idem v0.2.0
-	github.com/idemhq/idem/outbox v0.2.0
-	github.com/idemhq/idem/sqliteoutbox v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0
 	github.com/nats-io/nats.go v1.55.0
 	go.uber.org/goleak v1.3.0

@@ -1,4 +1,4 @@
-package natsidem_test
+package idemnats_test
 
 import (
 	"context"
@@ -9,9 +9,9 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/inbox"
-	"github.com/idemhq/idem/natsidem"
+	"github.com/idemhq/idem/idemnats"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
@@ -52,11 +52,11 @@ func fillOutbox(b *testing.B, subj string, n int) *sqliteoutbox.Store {
 func BenchmarkDispatch(b *testing.B) {
 	_, js := connect(b)
 	subj := subject(b, js)
-	if _, err := natsidem.EnsureStream(context.Background(), js, subj); err != nil {
+	if _, err := idemnats.EnsureStream(context.Background(), js, subj); err != nil {
 		b.Fatal(err)
 	}
 	ob := fillOutbox(b, subj, b.N)
-	d, err := outbox.NewDispatcher(ob, natsidem.NewPublisher(js), nil)
+	d, err := outbox.NewDispatcher(ob, idemnats.NewPublisher(js), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -81,11 +81,11 @@ func BenchmarkConsume(b *testing.B) {
 	subj := subject(b, js)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cons, err := natsidem.EnsureConsumer(ctx, js, subj, 0)
+	cons, err := idemnats.EnsureConsumer(ctx, js, subj, 0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := natsidem.NewPublisher(js)
+	p := idemnats.NewPublisher(js)
 	payload := make([]byte, 200)
 	for i := 0; i < b.N; i += 500 {
 		var msgs []outbox.Message
@@ -119,7 +119,7 @@ func BenchmarkConsume(b *testing.B) {
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() {
-		done <- natsidem.Consume(ctx, cons, in, book, &natsidem.ConsumeConfig{OnHandled: func(bool) { handled <- struct{}{} }})
+		done <- idemnats.Consume(ctx, cons, in, book, &idemnats.ConsumeConfig{OnHandled: func(bool) { handled <- struct{}{} }})
 	}()
 	for range b.N {
 		<-handled

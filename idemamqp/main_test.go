@@ -1,4 +1,4 @@
-package natsidem_test
+package idemamqp_test
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package amqpidem_test
+package idemamqp_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
-	"github.com/idemhq/idem/amqpidem"
+	"github.com/idemhq/idem/idemamqp"
 	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/sqlitestore"
@@ -32,7 +32,7 @@ func amqpURL() string {
 
 // fixture is an exchange and a queue of the test's own, deleted at the end.
 type fixture struct {
-	dial     amqpidem.DialFunc
+	dial     idemamqp.DialFunc
 	exchange string
 	queue    string
 	key      string
@@ -41,7 +41,7 @@ type fixture struct {
 
 func setup(t testing.TB) *fixture {
 	t.Helper()
-	dial := amqpidem.Dial(amqpURL())
+	dial := idemamqp.Dial(amqpURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	conn, err := dial(ctx)
@@ -69,8 +69,8 @@ func setup(t testing.TB) *fixture {
 	return f
 }
 
-func (f *fixture) topology() amqpidem.TopologyFunc {
-	return amqpidem.Declare(f.exchange, f.queue, f.key)
+func (f *fixture) topology() idemamqp.TopologyFunc {
+	return idemamqp.Declare(f.exchange, f.queue, f.key)
 }
 
 func (f *fixture) ready(t testing.TB) int {
@@ -90,7 +90,7 @@ func (f *fixture) ready(t testing.TB) int {
 func TestPublisherConfirmsAndReturns(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	p, err := amqpidem.NewPublisher(f.dial, amqpidem.PublisherConfig{Exchange: f.exchange, Topology: f.topology()})
+	p, err := idemamqp.NewPublisher(f.dial, idemamqp.PublisherConfig{Exchange: f.exchange, Topology: f.topology()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestConsumeThroughInbox(t *testing.T) {
 	if a, _, err := in.Process(ctx, inbox.Message{ID: "m-2", Topic: f.key, Payload: []byte("2")}, book); a != inbox.Ack || err != nil {
 		t.Fatal(a, err)
 	}
-	p, _ := amqpidem.NewPublisher(f.dial, amqpidem.PublisherConfig{Exchange: f.exchange, Topology: f.topology()})
+	p, _ := idemamqp.NewPublisher(f.dial, idemamqp.PublisherConfig{Exchange: f.exchange, Topology: f.topology()})
 	defer p.Close()
 	const n = 10
 	var msgs []outbox.Message
@@ -188,7 +188,7 @@ func TestConsumeThroughInbox(t *testing.T) {
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- amqpidem.Consume(cctx, f.dial, f.queue, in, book, &amqpidem.ConsumeConfig{Topology: f.topology(), RetryDelay: 20 * time.Millisecond,
+		done <- idemamqp.Consume(cctx, f.dial, f.queue, in, book, &idemamqp.ConsumeConfig{Topology: f.topology(), RetryDelay: 20 * time.Millisecond,
 			OnHandled: func(ran bool) { handled <- ran }})
 	}()
 	ran, replays := 0, 0

@@ -1,4 +1,4 @@
-package amqpidem_test
+package idemamqp_test
 
 import (
 	"context"
@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
-	"github.com/idemhq/idem/amqpidem"
+	"github.com/idemhq/idem/idemamqp"
 	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
@@ -44,7 +44,7 @@ func BenchmarkDispatch(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	p, _ := amqpidem.NewPublisher(f.dial, amqpidem.PublisherConfig{Exchange: f.exchange, Topology: f.topology()})
+	p, _ := idemamqp.NewPublisher(f.dial, idemamqp.PublisherConfig{Exchange: f.exchange, Topology: f.topology()})
 	defer p.Close()
 	d, err := outbox.NewDispatcher(ob, p, nil)
 	if err != nil {
@@ -69,7 +69,7 @@ func BenchmarkConsume(b *testing.B) {
 	f := setup(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p, _ := amqpidem.NewPublisher(f.dial, amqpidem.PublisherConfig{Exchange: f.exchange, Topology: f.topology()})
+	p, _ := idemamqp.NewPublisher(f.dial, idemamqp.PublisherConfig{Exchange: f.exchange, Topology: f.topology()})
 	defer p.Close()
 	payload := make([]byte, 200)
 	for i := 0; i < b.N; i += 500 {
@@ -104,7 +104,7 @@ func BenchmarkConsume(b *testing.B) {
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() {
-		done <- amqpidem.Consume(ctx, f.dial, f.queue, in, book, &amqpidem.ConsumeConfig{OnHandled: func(bool) { handled <- struct{}{} }})
+		done <- idemamqp.Consume(ctx, f.dial, f.queue, in, book, &idemamqp.ConsumeConfig{OnHandled: func(bool) { handled <- struct{}{} }})
 	}()
 	for range b.N {
 		<-handled

@@ -16,7 +16,7 @@
 // RabbitMQ has no publisher-side deduplication: a message re-published
 // after a dispatcher crash reaches the queue twice, and the consumer's
 // inbox drops the copy.
-package amqpidem
+package idemamqp
 
 import (
 	"context"

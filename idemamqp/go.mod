@@ -1,11 +1,9 @@
-module github.com/idemhq/idem/amqpidem
+module github.com/idemhq/idem/idemamqp
 
 go 1.26.0
 
 require (
 	github.com/idemhq/idem v0.2.0
-	github.com/idemhq/idem/outbox v0.2.0
-	github.com/idemhq/idem/sqliteoutbox v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0
 	go.uber.org/goleak v1.3.0
 )

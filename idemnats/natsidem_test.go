@@ -1,4 +1,4 @@
-package natsidem_test
+package idemnats_test
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/inbox"
-	"github.com/idemhq/idem/natsidem"
+	"github.com/idemhq/idem/idemnats"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/nats-io/nats.go"
@@ -59,7 +59,7 @@ func subject(t testing.TB, js jetstream.JetStream) string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	s := "t" + hex.EncodeToString(b) + ".events.created"
-	name, _ := natsidem.StreamFor(s)
+	name, _ := idemnats.StreamFor(s)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -81,14 +81,14 @@ func TestPublisherDeduplicatesByID(t *testing.T) {
 	_, js := connect(t)
 	subj := subject(t, js)
 	ctx := ctxT(t)
-	s, err := natsidem.EnsureStream(ctx, js, subj)
+	s, err := idemnats.EnsureStream(ctx, js, subj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := natsidem.EnsureStream(ctx, js, subj); err != nil { // exists now
+	if _, err := idemnats.EnsureStream(ctx, js, subj); err != nil { // exists now
 		t.Fatal(err)
 	}
-	p := natsidem.NewPublisher(js)
+	p := idemnats.NewPublisher(js)
 	msgs := []outbox.Message{
 		{ID: "a", Topic: subj, Payload: []byte("1"), Headers: map[string]string{"Event-Type": "created"}},
 		{ID: "b", Topic: subj, Payload: []byte("2")},
@@ -128,7 +128,7 @@ func TestConsumeThroughInbox(t *testing.T) {
 	nc, js := connect(t)
 	subj := subject(t, js)
 	ctx := ctxT(t)
-	cons, err := natsidem.EnsureConsumer(ctx, js, subj, 2*time.Second)
+	cons, err := idemnats.EnsureConsumer(ctx, js, subj, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestConsumeThroughInbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := inbox.New(exec, inbox.Config{Name: natsidem.ConsumerFor(subj)})
+	in, err := inbox.New(exec, inbox.Config{Name: idemnats.ConsumerFor(subj)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestConsumeThroughInbox(t *testing.T) {
 	if a, _, err := in.Process(ctx, inbox.Message{ID: "m-3", Topic: subj, Payload: []byte("3")}, book); a != inbox.Ack || err != nil {
 		t.Fatal(a, err)
 	}
-	p := natsidem.NewPublisher(js)
+	p := idemnats.NewPublisher(js)
 	var msgs []outbox.Message
 	for i := range n {
 		msgs = append(msgs, outbox.Message{ID: fmt.Sprint("m-", i), Topic: subj, Payload: []byte(fmt.Sprint(i))})
@@ -186,7 +186,7 @@ func TestConsumeThroughInbox(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- natsidem.Consume(cctx, cons, in, book, &natsidem.ConsumeConfig{RetryDelay: 50 * time.Millisecond, OnHandled: func(ran bool) { handled <- ran }})
+		done <- idemnats.Consume(cctx, cons, in, book, &idemnats.ConsumeConfig{RetryDelay: 50 * time.Millisecond, OnHandled: func(ran bool) { handled <- ran }})
 	}()
 	ran, replays := 0, 0
 	for ran+replays < n+1 {
@@ -229,9 +229,9 @@ func TestConsumeRecreatesDeletedConsumer(t *testing.T) {
 	_, js := connect(t)
 	subj := subject(t, js)
 	ctx := ctxT(t)
-	cfg := &natsidem.ConsumerConfig{AckWait: 2 * time.Second}
+	cfg := &idemnats.ConsumerConfig{AckWait: 2 * time.Second}
 	ensure := func(ctx context.Context) (jetstream.Consumer, error) {
-		return natsidem.EnsureConsumerConfig(ctx, js, subj, cfg)
+		return idemnats.EnsureConsumerConfig(ctx, js, subj, cfg)
 	}
 	cons, err := ensure(ctx)
 	if err != nil {
@@ -246,13 +246,13 @@ func TestConsumeRecreatesDeletedConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := inbox.New(exec, inbox.Config{Name: natsidem.ConsumerFor(subj)})
+	in, err := inbox.New(exec, inbox.Config{Name: idemnats.ConsumerFor(subj)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	handled := make(chan string, 100)
 	h := func(_ context.Context, m inbox.Message) error { handled <- m.ID; return nil }
-	p := natsidem.NewPublisher(js)
+	p := idemnats.NewPublisher(js)
 	publish := func(id string) {
 		t.Helper()
 		if errs := p.Publish(ctx, []outbox.Message{{ID: id, Topic: subj, Payload: []byte(id)}}); errs != nil {
@@ -270,16 +270,16 @@ func TestConsumeRecreatesDeletedConsumer(t *testing.T) {
 			t.Fatalf("%s not handled", id)
 		}
 	}
-	stream, _ := natsidem.StreamFor(subj)
+	stream, _ := idemnats.StreamFor(subj)
 
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- natsidem.Consume(cctx, cons, in, h, &natsidem.ConsumeConfig{PullExpiry: time.Second, ConsumerFunc: ensure})
+		done <- idemnats.Consume(cctx, cons, in, h, &idemnats.ConsumeConfig{PullExpiry: time.Second, ConsumerFunc: ensure})
 	}()
 	publish("a")
 	expect("a")
-	if err := js.DeleteConsumer(ctx, stream, natsidem.ConsumerFor(subj)); err != nil {
+	if err := js.DeleteConsumer(ctx, stream, idemnats.ConsumerFor(subj)); err != nil {
 		t.Fatal(err)
 	}
 	publish("b") // the re-created consumer delivers the whole stream: a is a replay
@@ -294,10 +294,10 @@ func TestConsumeRecreatesDeletedConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { done <- natsidem.Consume(ctx, cons, in, h, &natsidem.ConsumeConfig{PullExpiry: time.Second}) }()
+	go func() { done <- idemnats.Consume(ctx, cons, in, h, &idemnats.ConsumeConfig{PullExpiry: time.Second}) }()
 	publish("c")
 	expect("c")
-	if err := js.DeleteConsumer(ctx, stream, natsidem.ConsumerFor(subj)); err != nil {
+	if err := js.DeleteConsumer(ctx, stream, idemnats.ConsumerFor(subj)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -320,7 +320,7 @@ func TestEnsureConsumerKeepsPosition(t *testing.T) {
 	ctx := ctxT(t)
 	start := time.Now().Add(-time.Hour).Truncate(time.Second)
 	asked := 0
-	cons, err := natsidem.EnsureConsumerConfig(ctx, js, subj, &natsidem.ConsumerConfig{AckWait: 3 * time.Second,
+	cons, err := idemnats.EnsureConsumerConfig(ctx, js, subj, &idemnats.ConsumerConfig{AckWait: 3 * time.Second,
 		StartFunc: func(context.Context) (time.Time, error) { asked++; return start, nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +329,7 @@ func TestEnsureConsumerKeepsPosition(t *testing.T) {
 	if info.Config.DeliverPolicy != jetstream.DeliverByStartTimePolicy || info.Config.OptStartTime == nil || !info.Config.OptStartTime.Equal(start) {
 		t.Fatalf("created consumer %+v, want one starting at %v", info.Config, start)
 	}
-	cons, err = natsidem.EnsureConsumer(ctx, js, subj, 7*time.Second)
+	cons, err = idemnats.EnsureConsumer(ctx, js, subj, 7*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,13 +339,13 @@ func TestEnsureConsumerKeepsPosition(t *testing.T) {
 	}
 	// A consumer that delivers the whole stream gets the new AckWait.
 	all := subject(t, js)
-	if _, err := natsidem.EnsureConsumer(ctx, js, all, 3*time.Second); err != nil {
+	if _, err := idemnats.EnsureConsumer(ctx, js, all, 3*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if cons, err = natsidem.EnsureConsumer(ctx, js, all, 7*time.Second); err != nil || cons.CachedInfo().Config.AckWait != 7*time.Second {
+	if cons, err = idemnats.EnsureConsumer(ctx, js, all, 7*time.Second); err != nil || cons.CachedInfo().Config.AckWait != 7*time.Second {
 		t.Fatalf("AckWait not updated: %v", err)
 	}
-	_, err = natsidem.EnsureConsumerConfig(ctx, js, subject(t, js), &natsidem.ConsumerConfig{StartFunc: func(context.Context) (time.Time, error) {
+	_, err = idemnats.EnsureConsumerConfig(ctx, js, subject(t, js), &idemnats.ConsumerConfig{StartFunc: func(context.Context) (time.Time, error) {
 		return time.Time{}, errors.New("no ledger")
 	}})
 	if err == nil || !strings.Contains(err.Error(), "no ledger") {

@@ -10,7 +10,7 @@
 // acknowledges each only after the handler's writes and the inbox record
 // committed; a redelivered message is acknowledged without running the
 // handler again.
-package natsidem
+package idemnats
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package amqpidem_test
+package idemnats_test
 
 import (
 	"testing"
