@@ -429,8 +429,19 @@ type RequestInfo struct {
 	// Payload is what Config.FingerprintFunc returned for this request
 	// (the validated, normalised payload), or nil. Read-only.
 	Payload []byte
-	// Fence is the execution's fencing token (see Record.Fence and
-	// FenceFromContext).
+	// Fence is the execution's fencing token: greater than the token of
+	// every earlier claim or take-over of the same key (zero on a store
+	// without fences; see idemstore.Record.Fence). Send it with every write
+	// to a downstream system that can compare it (a column, a header); the
+	// downstream refuses a write whose token is lower than the highest it
+	// has accepted for that key, so that an owner whose lease was taken
+	// over, and which does not know it yet, cannot overwrite its
+	// successor's work:
+	//
+	//	UPDATE accounts SET balance = $1, fence = $2
+	//	WHERE id = $3 AND fence <= $2
+	//
+	// changes no row for a stale owner.
 	Fence int64
 }
 

@@ -174,10 +174,11 @@ func TestStaleOwnerCannotCommitItsStep(t *testing.T) {
 	step := func(who string, inside, proceed chan struct{}) idem.Operation {
 		return func(ctx context.Context) (*idem.Response, error) {
 			_, err := idem.Step(ctx, "write", func(ctx context.Context) ([]byte, error) {
-				fence, ok := idem.FenceFromContext(ctx)
-				if !ok {
+				info, ok := idem.InfoFromContext(ctx)
+				if !ok || info.Fence == 0 {
 					return nil, errors.New("no fence")
 				}
+				fence := info.Fence
 				if inside != nil {
 					close(inside)
 					<-proceed
@@ -275,9 +276,13 @@ func TestFencesGrowAcrossClaims(t *testing.T) {
 	var last int64
 	for i := range 3 {
 		_, err := exec.Do(t.Context(), doParams("k"), func(ctx context.Context) (*idem.Response, error) {
-			f, ok := idem.FenceFromContext(ctx)
-			if !ok || f <= last {
-				t.Errorf("claim %d: fence %d (%v), want > %d", i, f, ok, last)
+			info, ok := idem.InfoFromContext(ctx)
+			if !ok {
+				t.Fatalf("claim %d: no execution in the context", i)
+			}
+			f := info.Fence
+			if f <= last {
+				t.Errorf("claim %d: fence %d, want > %d", i, f, last)
 			}
 			last = f
 			return &idem.Response{StatusCode: 500}, nil // released: the key is claimed again

@@ -11,8 +11,8 @@ import (
 	"github.com/idemhq/idem/idemamqp"
 	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 )
 
 // BenchmarkDispatch measures the dispatcher draining a SQLite outbox into

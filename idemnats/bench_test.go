@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
-	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/idemnats"
+	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 )
 
 // fillOutbox adds n messages of 200 bytes to a fresh SQLite outbox, 100

@@ -223,7 +223,7 @@ type Record struct {
 	// the record (ClaimAcquired): a number greater than every fence any
 	// earlier claim of the same (scope, key) received, also across
 	// releases and expiry, so that a downstream system can refuse the
-	// writes of a stale owner (see FenceFromContext). Stores draw it from
+	// writes of a stale owner (see idem.RequestInfo.Fence). Stores draw it from
 	// one counter per store that never goes back. Claims with other
 	// outcomes may leave it zero.
 	Fence int64

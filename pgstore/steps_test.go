@@ -147,12 +147,13 @@ func TestDownstreamRefusesAStaleFence(t *testing.T) {
 	accounts := pgx.Identifier{f.schema, "accounts"}.Sanitize()
 	f.exec(t, "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL)")
 	f.exec(t, "INSERT INTO "+accounts+" VALUES (1, 0, 0)")
-	// The write of the example in idem.FenceFromContext's documentation.
+	// The write of the example in idem.RequestInfo.Fence's documentation.
 	write := func(ctx context.Context, balance int) (bool, error) {
-		fence, ok := idem.FenceFromContext(ctx)
-		if !ok {
+		info, ok := idem.InfoFromContext(ctx)
+		if !ok || info.Fence == 0 {
 			return false, errors.New("no fence")
 		}
+		fence := info.Fence
 		tag, err := f.pool.Exec(ctx, "UPDATE "+accounts+" SET balance = $1, fence = $2 WHERE id = 1 AND fence <= $2", balance, fence)
 		return tag.RowsAffected() == 1, err
 	}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/pgstore/pgoutbox"
 	"github.com/idemhq/idem/pgstore"
+	"github.com/idemhq/idem/pgstore/pgoutbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )

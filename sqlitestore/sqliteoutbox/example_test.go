@@ -9,8 +9,8 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 )
 
 // printer is a Publisher that prints what it publishes (use natsidem or

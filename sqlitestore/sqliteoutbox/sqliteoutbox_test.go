@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 )
 
 type testBundle struct {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/idemamqp"
 	"github.com/idemhq/idem/cmd/idem/internal/events"
+	"github.com/idemhq/idem/idemamqp"
 	"github.com/idemhq/idem/idemnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/idemnats"
+	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/outbox"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

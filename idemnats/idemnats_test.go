@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
-	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/idemnats"
+	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/nats-io/nats.go"
