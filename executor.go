@@ -80,7 +80,16 @@ func (e *Executor) newToken() string {
 }
 
 // NewExecutor returns an Executor on store. A nil cfg means all defaults.
+// It refuses a Config that sets a field marked "Middleware only".
 func NewExecutor(store idemstore.Store, cfg *Config) (*Executor, error) {
+	if name := cfg.middlewareOnlySet(); name != "" {
+		return nil, fmt.Errorf("idem: NewExecutor: Config.%s applies to the Middleware only, which reads it from each HTTP request; the Executor would ignore it (leave it unset, or use NewMiddleware)", name)
+	}
+	return newExecutor(store, cfg)
+}
+
+// newExecutor is NewExecutor for the Middleware, which uses every field.
+func newExecutor(store idemstore.Store, cfg *Config) (*Executor, error) {
 	if store == nil {
 		return nil, errors.New("idem: nil store")
 	}

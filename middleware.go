@@ -36,7 +36,7 @@ type Middleware struct {
 // cfg means all defaults. Several middlewares (for routes with different
 // settings) may share one store.
 func NewMiddleware(store idemstore.Store, cfg *Config) (*Middleware, error) {
-	exec, err := NewExecutor(store, cfg)
+	exec, err := newExecutor(store, cfg)
 	if err != nil {
 		return nil, err
 	}
