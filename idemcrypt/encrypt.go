@@ -17,7 +17,7 @@ import (
 	"sync"
 )
 
-// ErrRecordUnreadable is returned by Executor.Do (and answered with 503
+// ErrRecordUnreadable is returned by idem.Executor.Do (and answered with 503
 // idempotency.record_unreadable) when a record exists but what it holds
 // cannot be decrypted: the stored response of a completed record, or the
 // recovery point (see Step) of one in flight. Its key id is no longer in

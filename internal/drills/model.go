@@ -183,7 +183,10 @@ func stepOn(s state, wasExpired bool, in Input, out Output) []any {
 				return []any{s}
 			}
 			if out.Outcome == OutTookOver && s.LeaseLo <= in.THi {
-				return []any{fresh}
+				// A take-over never extends the record's retention.
+				took := fresh
+				took.ExpLo, took.ExpHi = s.ExpLo, s.ExpHi
+				return []any{took}
 			}
 		}
 		return nil

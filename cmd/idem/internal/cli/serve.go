@@ -215,7 +215,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
 	if psvc != nil {
 		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
-		exec, err := idem.NewExecutor(mwStore, idemCfg)
+		// The reconciler's executor shares the records' settings, not the
+		// middleware's HTTP ones.
+		exec, err := idem.NewExecutor(mwStore, &idem.Config{Lease: idemCfg.Lease, TTL: idemCfg.TTL,
+			StoreTimeout: idemCfg.StoreTimeout, Observer: idemCfg.Observer, Logger: idemCfg.Logger,
+			Encryption: idemCfg.Encryption, DeriveKeySecret: idemCfg.DeriveKeySecret, ClaimInTx: idemCfg.ClaimInTx})
 		if err != nil {
 			return f.usageError("%v", err)
 		}

@@ -168,7 +168,7 @@ func newProviderBench(t *testing.T, backend string, fp *fakeProvider, budget tim
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec, err := idem.NewExecutor(store, cfg)
+	exec, err := idem.NewExecutor(store, &idem.Config{DeriveKeySecret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
