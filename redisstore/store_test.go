@@ -72,7 +72,7 @@ func TestKeyLayout(t *testing.T) {
 		}
 		seen[k] = sk[0] + "|" + sk[1]
 	}
-	if s.Key("t", "k") != s.Key("t", "k") {
+	if a, b := s.Key("t", "k"), s.Key("t", "k"); a != b {
 		t.Error("Key is not deterministic")
 	}
 }

@@ -2,6 +2,8 @@ module github.com/idemhq/idem/cmd/idem
 
 go 1.26.0
 
+toolchain go1.27.3
+
 require (
 	github.com/bojanz/currency v1.5.1
 	github.com/idemhq/idem v0.2.0

@@ -157,11 +157,9 @@ func (s doubleAcquire) Claim(ctx context.Context, p idemstore.ClaimParams) (idem
 	return r, err
 }
 
-// wrongReplay replays the body of the first completed record it saw, for
-// every key.
+// wrongReplay replays another request's body for every completed key.
 type wrongReplay struct {
 	idemstore.Store
-	first *idemstore.Response
 }
 
 func (s wrongReplay) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {

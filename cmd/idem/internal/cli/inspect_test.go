@@ -172,7 +172,7 @@ func TestOperatorCommands(t *testing.T) {
 			if code, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); code != exitError || !strings.Contains(errs, "no record") {
 				t.Errorf("inspect of an absent key: exit %d: %s", code, errs)
 			}
-			if code, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); strings.Contains(errs, "order-9") {
+			if _, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); strings.Contains(errs, "order-9") {
 				t.Errorf("the key appears in an error message: %s", errs)
 			}
 			if name != "redis" {

@@ -246,7 +246,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot listen", "addr", *sf.addr, "error", err)
 		return exitError
 	}
-	where := dbStore.Where
+	var where string
 	if records != dbStore {
 		where = fmt.Sprintf("payments in %s; idempotency records in %s (no shared transaction)", dbStore.Where, records.Where)
 	} else {

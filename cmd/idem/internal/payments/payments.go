@@ -182,7 +182,7 @@ func validateStrict(body []byte) (normalised, *idem.Problem) {
 		}
 	}
 	f := checkFields(fields, errs)
-	n := normalised{AmountCents: f.AmountCents, Currency: f.Currency, Reference: f.Reference}
+	n := normalised(f)
 	if len(errs) > 0 {
 		return normalised{}, invalid(errs)
 	}
