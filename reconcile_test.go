@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -36,14 +37,14 @@ func (h *hopeless) op(ctx context.Context) (*idem.Response, error) {
 	return &idem.Response{StatusCode: 201}, nil
 }
 
-func (h *hopeless) resume(context.Context, idem.StuckRecord) (idem.Operation, error) {
+func (h *hopeless) resume(context.Context, idemstore.StuckRecord) (idem.Operation, error) {
 	return h.op, nil
 }
 
 // held lists the keys of the records the store holds for an operator.
-func held(t *testing.T, s idem.StepStore) []string {
+func held(t *testing.T, s idemstore.StepStore) []string {
 	t.Helper()
-	recs, err := s.Stuck(t.Context(), idem.StuckParams{Limit: 100, Held: true, Now: time.Now()})
+	recs, err := s.Stuck(t.Context(), idemstore.StuckParams{Limit: 100, Held: true, Now: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestReconcileHoldsWhatItCannotResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	broken := errors.New("the payment row is gone")
-	resume := func(context.Context, idem.StuckRecord) (idem.Operation, error) { return nil, broken }
+	resume := func(context.Context, idemstore.StuckRecord) (idem.Operation, error) { return nil, broken }
 	rr, err := exec.Reconcile(t.Context(), idem.ReconcileParams{}, resume)
 	if rr != (idem.ReconcileResult{Found: 1, Failed: 1, Held: 1}) || !errors.Is(err, broken) {
 		t.Fatalf("Reconcile = %+v, %v; want held, with resume's error", rr, err)
@@ -199,7 +200,7 @@ func TestReconcileConcurrency(t *testing.T) {
 	}
 	release, fastDone := make(chan struct{}), make(chan struct{})
 	var running, most atomic.Int32
-	resume := func(_ context.Context, rec idem.StuckRecord) (idem.Operation, error) {
+	resume := func(_ context.Context, rec idemstore.StuckRecord) (idem.Operation, error) {
 		return func(ctx context.Context) (*idem.Response, error) {
 			n := running.Add(1)
 			defer running.Add(-1)
@@ -266,7 +267,7 @@ func TestReconcileGoesRoundAllStuckOperations(t *testing.T) {
 	}
 	var mu sync.Mutex
 	seen := map[string]int{}
-	resume := func(_ context.Context, rec idem.StuckRecord) (idem.Operation, error) {
+	resume := func(_ context.Context, rec idemstore.StuckRecord) (idem.Operation, error) {
 		mu.Lock()
 		seen[rec.Key]++
 		mu.Unlock()
@@ -302,7 +303,7 @@ func TestReconcileStopsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	started := make(chan struct{})
-	resume := func(context.Context, idem.StuckRecord) (idem.Operation, error) {
+	resume := func(context.Context, idemstore.StuckRecord) (idem.Operation, error) {
 		return func(ctx context.Context) (*idem.Response, error) {
 			close(started) // only one ever starts
 			<-ctx.Done()
@@ -332,4 +333,4 @@ func TestReconcileRejectsNegativeParams(t *testing.T) {
 	}
 }
 
-var _ idem.StepStore = (*memstore.Store)(nil)
+var _ idemstore.StepStore = (*memstore.Store)(nil)

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Step errors.
@@ -61,10 +63,6 @@ type checkpointDoc struct {
 	Held bool `json:"held,omitempty"`
 }
 
-// MaxCheckpoint bounds an encoded checkpoint: step data is meant to be
-// small (identifiers, a provider's charge id), not documents.
-const MaxCheckpoint = 64 << 10
-
 // ParseCheckpoint decodes a checkpoint (Record.Checkpoint,
 // StuckRecord.Checkpoint) into its steps, in the order they were first
 // recorded. An empty checkpoint has no steps. A checkpoint sealed by
@@ -84,8 +82,8 @@ func parseCheckpointDoc(b []byte) (checkpointDoc, error) {
 	if b[0] != '{' {
 		return d, fmt.Errorf("%w: the checkpoint is encrypted or not JSON: open it with Encryption.OpenCheckpoint", ErrRecordUnreadable)
 	}
-	if len(b) > MaxCheckpoint {
-		return d, fmt.Errorf("idem: checkpoint of %d bytes, limit %d", len(b), MaxCheckpoint)
+	if len(b) > idemstore.MaxCheckpoint {
+		return d, fmt.Errorf("idem: checkpoint of %d bytes, limit %d", len(b), idemstore.MaxCheckpoint)
 	}
 	if err := json.Unmarshal(b, &d); err != nil {
 		return checkpointDoc{}, fmt.Errorf("idem: checkpoint: %w", err)
@@ -113,7 +111,7 @@ func stepRunFrom(ctx context.Context) *stepRun {
 // allocation; ss is nil when the store is not a StepStore.
 type stepRun struct {
 	e      *Executor
-	ss     StepStore
+	ss     idemstore.StepStore
 	holder *txHolder
 	scope  string // the record as stores name it
 	key    string
@@ -141,10 +139,10 @@ type stepRun struct {
 
 // init prepares the step state of an execution of p under the claim cp;
 // checkpoint is the record's recovery point, opened (see openCheckpoint).
-func (r *stepRun) init(e *Executor, p DoParams, cp ClaimParams, holder *txHolder, checkpoint []byte) {
+func (r *stepRun) init(e *Executor, p DoParams, cp idemstore.ClaimParams, holder *txHolder, checkpoint []byte) {
 	r.e, r.holder, r.scope, r.key, r.token = e, holder, cp.Scope, cp.Key, cp.Token
 	r.name = DoParams{Scope: p.Scope, Key: p.Key, Fingerprint: cp.Fingerprint}
-	r.ss, _ = e.store.(StepStore)
+	r.ss, _ = e.store.(idemstore.StepStore)
 	if r.ss != nil && len(checkpoint) > 0 {
 		r.doc, r.err = parseCheckpointDoc(checkpoint)
 		r.raw, r.saved = checkpoint, true
@@ -269,9 +267,9 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 	if err != nil {
 		return err
 	}
-	if len(enc) > MaxCheckpoint {
+	if len(enc) > idemstore.MaxCheckpoint {
 		r.rollback()
-		return fmt.Errorf("idem: step %q: checkpoint of %d bytes, limit %d", st.Name, len(enc), MaxCheckpoint)
+		return fmt.Errorf("idem: step %q: checkpoint of %d bytes, limit %d", st.Name, len(enc), idemstore.MaxCheckpoint)
 	}
 	// Committing a step that was done must not depend on the client still
 	// waiting; StoreTimeout bounds it instead.
@@ -282,12 +280,12 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 		r.rollback()
 		return fmt.Errorf("%w: step %q: %w", ErrStoreUnavailable, st.Name, err)
 	}
-	p := SaveCheckpointParams{Scope: r.scope, Key: r.key, Token: r.token, Checkpoint: enc}
+	p := idemstore.SaveCheckpointParams{Scope: r.scope, Key: r.key, Token: r.token, Checkpoint: enc}
 	tx, end := r.holder.take()
 	defer end()
 	p.Now = r.e.cfg.NowFunc()
 	if tx != nil {
-		ct, ok := tx.(CheckpointTx)
+		ct, ok := tx.(idemstore.CheckpointTx)
 		if !ok {
 			_ = tx.Rollback(sctx)
 			return fmt.Errorf("%w: the store's transaction cannot save a checkpoint", ErrStepsUnsupported)
@@ -303,8 +301,8 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 		err = r.ss.SaveCheckpoint(sctx, p)
 	}
 	if err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			return fmt.Errorf("idem: step %q: %w", st.Name, ErrLeaseLost)
+		if errors.Is(err, idemstore.ErrLeaseLost) {
+			return fmt.Errorf("idem: step %q: %w", st.Name, idemstore.ErrLeaseLost)
 		}
 		return fmt.Errorf("%w: step %q: %w", ErrStoreUnavailable, st.Name, err)
 	}
@@ -318,7 +316,7 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 // other is released. The operation's open transaction rolls back either
 // way. A failure other than ErrLeaseLost is logged and reported: the record
 // then stays in flight until its lease expires.
-func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx StoreTx) error {
+func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx idemstore.Tx) error {
 	r := &x.steps
 	r.mu.Lock()
 	keep := r.ss != nil && r.saved
@@ -331,7 +329,7 @@ func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx StoreT
 		e.rollback(ctx, tx)
 	}
 	newlyHeld, err := r.suspend(ctx, x.ids, x.p.hold)
-	if err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: keeping the record at its recovery point failed; it stays in flight until its lease expires",
 			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
 		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Err: err}, x.start)
@@ -379,11 +377,11 @@ func (p *holdPolicy) holds(d checkpointDoc, now time.Time) bool {
 // rewritten: releasing would forget the steps that were done, so the record
 // is left as it is (fail closed) until its lease ends, unless pol holds it
 // whatever its state, which saves the inherited bytes back unchanged.
-func (r *stepRun) suspend(ctx context.Context, ids ReleaseParams, pol *holdPolicy) (bool, error) {
+func (r *stepRun) suspend(ctx context.Context, ids idemstore.ReleaseParams, pol *holdPolicy) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.e.cfg.NowFunc()
-	p := SaveCheckpointParams{Scope: ids.Scope, Key: ids.Key, Token: ids.Token, EndLease: true, Now: now}
+	p := idemstore.SaveCheckpointParams{Scope: ids.Scope, Key: ids.Key, Token: ids.Token, EndLease: true, Now: now}
 	doc := r.doc
 	if r.err != nil {
 		if pol == nil || !pol.always {
@@ -432,7 +430,7 @@ func (r *stepRun) seal(ctx context.Context, enc []byte) ([]byte, error) {
 // still open it) with its lease ended, so that the next attempt is not
 // held up for a lease, and the error, wrapping ErrRecordUnreadable, is
 // logged and reported.
-func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp ClaimParams, stored []byte, start time.Time) ([]byte, error) {
+func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp idemstore.ClaimParams, stored []byte, start time.Time) ([]byte, error) {
 	if len(stored) == 0 {
 		return nil, nil
 	}
@@ -442,9 +440,9 @@ func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp ClaimParam
 	if err == nil {
 		return plain, nil
 	}
-	if ss, ok := e.store.(StepStore); ok {
-		if kerr := ss.SaveCheckpoint(sctx, SaveCheckpointParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token,
-			Checkpoint: stored, EndLease: true, Now: e.cfg.NowFunc()}); kerr != nil && !errors.Is(kerr, ErrLeaseLost) {
+	if ss, ok := e.store.(idemstore.StepStore); ok {
+		if kerr := ss.SaveCheckpoint(sctx, idemstore.SaveCheckpointParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token,
+			Checkpoint: stored, EndLease: true, Now: e.cfg.NowFunc()}); kerr != nil && !errors.Is(kerr, idemstore.ErrLeaseLost) {
 			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: ending the lease of a record whose recovery point cannot be decrypted failed; it stays in flight until its lease expires",
 				slog.String("operation", p.Operation), keyAttr(p.Key), slog.Any("error", kerr))
 		}
@@ -455,7 +453,7 @@ func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp ClaimParam
 // take hands over the open transaction, if any, with the function that
 // ends its context once it is committed or rolled back; the next get
 // begins a new transaction. A nil holder holds nothing.
-func (h *txHolder) take() (StoreTx, func()) {
+func (h *txHolder) take() (idemstore.Tx, func()) {
 	if h == nil {
 		return nil, func() {}
 	}
@@ -540,18 +538,18 @@ type ReconcileResult struct {
 // TTL.
 //
 // It returns ErrStepsUnsupported if the store is not a StepStore, and with
-// EncryptionConfig.HashKey, whose records do not hold the client's key.
-func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func(ctx context.Context, rec StuckRecord) (Operation, error)) (ReconcileResult, error) {
+// idemcrypt.Config.HashKey, whose records do not hold the client's key.
+func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func(ctx context.Context, rec idemstore.StuckRecord) (Operation, error)) (ReconcileResult, error) {
 	var res ReconcileResult
-	ss, ok := e.store.(StepStore)
+	ss, ok := e.store.(idemstore.StepStore)
 	if !ok {
 		return res, ErrStepsUnsupported
 	}
-	if e.cfg.Encryption != nil && e.cfg.Encryption.hashKey != nil {
+	if e.cfg.Encryption.HashesKeys() {
 		// The records hold digests of the scope and key: the client's key,
 		// which DeriveKey and the sealed response need, is not stored.
 		// Clients' retries still resume their operations.
-		return res, fmt.Errorf("%w: Reconcile cannot resume records whose names are hashed (EncryptionConfig.HashKey)", ErrStepsUnsupported)
+		return res, fmt.Errorf("%w: Reconcile cannot resume records whose names are hashed (idemcrypt.Config.HashKey)", ErrStepsUnsupported)
 	}
 	if p.MaxAttempts < 0 || p.MaxAge < 0 || p.Limit < 0 || p.Concurrency < 0 {
 		return res, fmt.Errorf("idem: ReconcileParams: negative Limit (%d), Concurrency (%d), MaxAttempts (%d) or MaxAge (%v)",
@@ -567,7 +565,7 @@ func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func
 		p.Operation = "reconcile"
 	}
 	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-	recs, err := ss.Stuck(sctx, StuckParams{Limit: p.Limit, Now: e.cfg.NowFunc()})
+	recs, err := ss.Stuck(sctx, idemstore.StuckParams{Limit: p.Limit, Now: e.cfg.NowFunc()})
 	cancel()
 	if err != nil {
 		return res, fmt.Errorf("%w: stuck: %w", ErrStoreUnavailable, err)
@@ -616,7 +614,7 @@ func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func
 // operation reached a stored outcome, and otherwise whether its record is
 // held now and why it failed; an operation another attempt is running is
 // neither done nor failed.
-func (e *Executor) reconcileOne(ctx context.Context, p ReconcileParams, rec StuckRecord, resume func(ctx context.Context, rec StuckRecord) (Operation, error)) (done, held bool, err error) {
+func (e *Executor) reconcileOne(ctx context.Context, p ReconcileParams, rec idemstore.StuckRecord, resume func(ctx context.Context, rec idemstore.StuckRecord) (Operation, error)) (done, held bool, err error) {
 	// The resume function reads the steps: it gets them opened. Do opens
 	// the checkpoint again from its own claim.
 	octx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
@@ -636,7 +634,7 @@ func (e *Executor) reconcileOne(ctx context.Context, p ReconcileParams, rec Stuc
 	}
 	r, err := e.Do(ctx, DoParams{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint, Operation: p.Operation, hold: pol}, op)
 	switch {
-	case errors.Is(err, ErrInFlight):
+	case errors.Is(err, idemstore.ErrInFlight):
 		return false, false, nil
 	case err == nil && (r.Released || r.Suspended):
 		err = errors.New("the operation ended without a stored outcome")

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -190,13 +191,13 @@ func UnaryServerInterceptor(exec *idem.Executor, opts *ServerOptions) grpc.Unary
 				return decode(res.Response, info.FullMethod)
 			}
 			return reply, nil
-		case errors.Is(err, idem.ErrInFlight):
+		case errors.Is(err, idemstore.ErrInFlight):
 			return nil, idemError(codes.Aborted, idem.CodeRequestInProgress, "a call with this idempotency key is in progress; retry after the indicated delay to receive its reply", retry)
 		case errors.Is(err, idem.ErrFingerprintMismatch):
 			return nil, idemError(codes.FailedPrecondition, idem.CodeKeyReused, "this idempotency key was used for a call to this method with another request message; use a new key for a new call", 0)
 		case errors.Is(err, idem.ErrResponseUnavailable):
 			return nil, idemError(codes.FailedPrecondition, idem.CodeResponseUnavailable, "the call with this key completed, but its reply was too large to store; it will not run again with this key", 0)
-		case errors.Is(err, idem.ErrLeaseLost):
+		case errors.Is(err, idemstore.ErrLeaseLost):
 			return nil, idemError(codes.Unavailable, idem.CodeLeaseLost, "another attempt took over this key while the call ran; its result was discarded; retry with the same key", retry)
 		case errors.Is(err, idem.ErrStoreUnavailable):
 			return nil, idemError(codes.Unavailable, idem.CodeStoreUnavailable, "the call did not run because its idempotency key could not be recorded; retry with the same key", retry)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemgrpc"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -100,7 +101,7 @@ type bundle struct {
 
 // setup starts a real gRPC server on a loopback port with the interceptor
 // on store, and two client connections to it.
-func setup(t *testing.T, store idem.Store, copts *idemgrpc.ClientOptions) *bundle {
+func setup(t *testing.T, store idemstore.Store, copts *idemgrpc.ClientOptions) *bundle {
 	t.Helper()
 	exec, err := idem.NewExecutor(store, &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -131,7 +132,7 @@ func setup(t *testing.T, store idem.Store, copts *idemgrpc.ClientOptions) *bundl
 	return b
 }
 
-func newStore(t *testing.T) idem.Store {
+func newStore(t *testing.T) idemstore.Store {
 	s, err := memstore.New(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -242,10 +243,10 @@ func TestInFlightIsAborted(t *testing.T) {
 }
 
 // downStore fails every call, as an unreachable database does.
-type downStore struct{ idem.Store }
+type downStore struct{ idemstore.Store }
 
-func (downStore) Claim(context.Context, idem.ClaimParams) (idem.ClaimResult, error) {
-	return idem.ClaimResult{}, errors.New("connection refused")
+func (downStore) Claim(context.Context, idemstore.ClaimParams) (idemstore.ClaimResult, error) {
+	return idemstore.ClaimResult{}, errors.New("connection refused")
 }
 
 func TestStoreDownIsUnavailable(t *testing.T) {

@@ -9,13 +9,13 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
-var _ idem.Inspector = (*Store)(nil)
+var _ idemstore.Inspector = (*Store)(nil)
 
-func (s *Store) info(k recordKey, r *record, withResponse bool) idem.RecordInfo {
-	ri := idem.RecordInfo{Scope: k.scope, Key: k.key, Record: r.view()}
+func (s *Store) info(k recordKey, r *record, withResponse bool) idemstore.RecordInfo {
+	ri := idemstore.RecordInfo{Scope: k.scope, Key: k.key, Record: r.view()}
 	if r.completed && r.resp != nil {
 		ri.ResponseSize = r.resp.EncodedSize()
 	}
@@ -27,15 +27,15 @@ func (s *Store) info(k recordKey, r *record, withResponse bool) idem.RecordInfo 
 
 // errNoID answers a GetParams.ID or DeleteParams.ID: memstore names
 // records by scope and key only.
-var errNoID = fmt.Errorf("memstore: %w: records are named by scope and key", idem.ErrInvalidID)
+var errNoID = fmt.Errorf("memstore: %w: records are named by scope and key", idemstore.ErrInvalidID)
 
-// Get implements idem.Inspector.
-func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, error) {
+// Get implements idemstore.Inspector.
+func (s *Store) Get(ctx context.Context, p idemstore.GetParams) (idemstore.RecordInfo, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.RecordInfo{}, err
+		return idemstore.RecordInfo{}, err
 	}
 	if p.ID != "" {
-		return idem.RecordInfo{}, errNoID
+		return idemstore.RecordInfo{}, errNoID
 	}
 	k := recordKey{p.Scope, p.Key}
 	sh := s.shard(k)
@@ -43,24 +43,24 @@ func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, err
 	defer sh.mu.Unlock()
 	r, ok := sh.records[k]
 	if !ok || p.Now.UnixNano() >= r.expiresAt {
-		return idem.RecordInfo{}, idem.ErrNotFound
+		return idemstore.RecordInfo{}, idemstore.ErrNotFound
 	}
 	return s.info(k, r, true), nil
 }
 
-// List implements idem.Inspector; records come in (Scope, Key) byte order.
+// List implements idemstore.Inspector; records come in (Scope, Key) byte order.
 // Each page visits every record, holding one shard's lock at a time, and
 // keeps only the Limit+1 smallest that follow After (a heap), so a page
 // costs O(n log Limit) time and O(Limit) memory for n records.
-func (s *Store) List(ctx context.Context, p idem.ListParams) (idem.ListPage, error) {
+func (s *Store) List(ctx context.Context, p idemstore.ListParams) (idemstore.ListPage, error) {
 	if p.Limit <= 0 {
-		return idem.ListPage{}, errors.New("memstore: list: the limit must be positive")
+		return idemstore.ListPage{}, errors.New("memstore: list: the limit must be positive")
 	}
 	var after *recordKey
 	if p.After != "" {
-		scope, key, err := idem.ParseListCursor(p.After)
+		scope, key, err := idemstore.ParseListCursor(p.After)
 		if err != nil {
-			return idem.ListPage{}, fmt.Errorf("memstore: list: %w", err)
+			return idemstore.ListPage{}, fmt.Errorf("memstore: list: %w", err)
 		}
 		after = &recordKey{scope, key}
 	}
@@ -70,7 +70,7 @@ func (s *Store) List(ctx context.Context, p idem.ListParams) (idem.ListPage, err
 	best := &keyHeap{}
 	err := s.walk(ctx, func(k recordKey, r *record) {
 		if now >= r.expiresAt || (p.Key != "" && k.key != p.Key) ||
-			(p.State != 0 && r.completed != (p.State == idem.StateCompleted)) ||
+			(p.State != 0 && r.completed != (p.State == idemstore.StateCompleted)) ||
 			(after != nil && compareKeys(k, *after) <= 0) {
 			return
 		}
@@ -82,17 +82,17 @@ func (s *Store) List(ctx context.Context, p idem.ListParams) (idem.ListPage, err
 		}
 	})
 	if err != nil {
-		return idem.ListPage{}, fmt.Errorf("memstore: list: %w", err)
+		return idemstore.ListPage{}, fmt.Errorf("memstore: list: %w", err)
 	}
 	entries := best.entries
 	slices.SortFunc(entries, func(a, b entry) int { return compareKeys(a.k, b.k) })
-	var page idem.ListPage
+	var page idemstore.ListPage
 	if len(entries) > p.Limit {
 		entries = entries[:p.Limit]
 		last := entries[len(entries)-1].k
-		page.Next = idem.ListCursor(last.scope, last.key)
+		page.Next = idemstore.ListCursor(last.scope, last.key)
 	}
-	page.Records = make([]idem.RecordInfo, len(entries))
+	page.Records = make([]idemstore.RecordInfo, len(entries))
 	for i, e := range entries {
 		page.Records[i] = e.info
 	}
@@ -105,7 +105,7 @@ func compareKeys(a, b recordKey) int {
 
 type entry struct {
 	k    recordKey
-	info idem.RecordInfo
+	info idemstore.RecordInfo
 }
 
 // keyHeap is a max-heap of entries on (scope, key): its root is the
@@ -122,8 +122,8 @@ func (h *keyHeap) Pop() any {
 	return e
 }
 
-// Delete implements idem.Inspector. Watchers of the record wake up.
-func (s *Store) Delete(ctx context.Context, p idem.DeleteParams) error {
+// Delete implements idemstore.Inspector. Watchers of the record wake up.
+func (s *Store) Delete(ctx context.Context, p idemstore.DeleteParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -137,9 +137,9 @@ func (s *Store) Delete(ctx context.Context, p idem.DeleteParams) error {
 	r, ok := sh.records[k]
 	switch {
 	case !ok || p.Now.UnixNano() >= r.expiresAt:
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case !r.completed && !p.Force:
-		return idem.ErrInFlight
+		return idemstore.ErrInFlight
 	}
 	sh.remove(s, k, r)
 	return nil

@@ -14,11 +14,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/redis/go-redis/v9"
 )
 
-var _ idem.Inspector = (*Store)(nil)
+var _ idemstore.Inspector = (*Store)(nil)
 
 // The operator scripts read the Redis clock like the others, so that a
 // record whose retention ended a moment ago is absent for them too.
@@ -52,24 +52,24 @@ return 1
 `)
 )
 
-// Get implements idem.Inspector. RecordInfo.ID is the record's Redis key;
+// Get implements idemstore.Inspector. RecordInfo.ID is the record's Redis key;
 // GetParams.ID names a record by it (as List returns it), and the
 // RecordInfo then has no Scope or Key. Expiry is decided by the Redis
 // clock; p.Now is ignored.
-func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, error) {
+func (s *Store) Get(ctx context.Context, p idemstore.GetParams) (idemstore.RecordInfo, error) {
 	id, err := s.recordName(p.Scope, p.Key, p.ID)
 	if err != nil {
-		return idem.RecordInfo{}, fmt.Errorf("redisstore: get: %w", err)
+		return idemstore.RecordInfo{}, fmt.Errorf("redisstore: get: %w", err)
 	}
 	v, err := getScript.Run(ctx, s.client, []string{id}).Slice()
 	if errors.Is(err, redis.Nil) {
-		return idem.RecordInfo{}, idem.ErrNotFound
+		return idemstore.RecordInfo{}, idemstore.ErrNotFound
 	}
 	if err != nil {
-		return idem.RecordInfo{}, fmt.Errorf("redisstore: get: %w", err)
+		return idemstore.RecordInfo{}, fmt.Errorf("redisstore: get: %w", err)
 	}
 	if len(v) < 3 {
-		return idem.RecordInfo{}, fmt.Errorf("redisstore: get: unexpected script reply of %d elements", len(v))
+		return idemstore.RecordInfo{}, fmt.Errorf("redisstore: get: unexpected script reply of %d elements", len(v))
 	}
 	fp, _ := v[0].(string)
 	lease, _ := v[1].(int64)
@@ -83,9 +83,9 @@ func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, err
 		ri.Scope, ri.Key = p.Scope, p.Key
 	}
 	if lease == 0 {
-		ri.Response = new(idem.Response)
+		ri.Response = new(idemstore.Response)
 		if err := ri.Response.UnmarshalBinary([]byte(enc)); err != nil {
-			return idem.RecordInfo{}, fmt.Errorf("redisstore: get: stored response: %w", err)
+			return idemstore.RecordInfo{}, fmt.Errorf("redisstore: get: stored response: %w", err)
 		}
 	}
 	return ri, nil
@@ -99,7 +99,7 @@ func (s *Store) recordName(scope, key, id string) (string, error) {
 		return s.Key(scope, key), nil
 	}
 	if _, ok := s.digestOf(id); !ok {
-		return "", fmt.Errorf("%w: a record ID here is %s{ and 64 lower-case hexadecimal digits }", idem.ErrInvalidID, s.prefix)
+		return "", fmt.Errorf("%w: a record ID here is %s{ and 64 lower-case hexadecimal digits }", idemstore.ErrInvalidID, s.prefix)
 	}
 	return id, nil
 }
@@ -122,21 +122,21 @@ func (s *Store) digestOf(name string) ([sha256.Size]byte, bool) {
 	return d, true
 }
 
-func info(id, fp string, lease, exp int64, size int) idem.RecordInfo {
-	ri := idem.RecordInfo{ID: id, ResponseSize: size, Record: idem.Record{
-		State: idem.StateCompleted, Fingerprint: fp, ExpiresAt: time.UnixMilli(exp).UTC()}}
+func info(id, fp string, lease, exp int64, size int) idemstore.RecordInfo {
+	ri := idemstore.RecordInfo{ID: id, ResponseSize: size, Record: idemstore.Record{
+		State: idemstore.StateCompleted, Fingerprint: fp, ExpiresAt: time.UnixMilli(exp).UTC()}}
 	if lease != 0 {
-		ri.State, ri.LeaseExpiresAt = idem.StateInFlight, time.UnixMilli(lease).UTC()
+		ri.State, ri.LeaseExpiresAt = idemstore.StateInFlight, time.UnixMilli(lease).UTC()
 	}
 	return ri
 }
 
-// List implements idem.Inspector by walking SCAN over the keys under the
+// List implements idemstore.Inspector by walking SCAN over the keys under the
 // store's prefix: on a Redis Cluster, on each primary in turn, in the order
 // of their addresses. Records name neither scope nor key in clear, so
 // RecordInfo.Scope and Key are empty, ID is the record's Redis key (Get and
 // Delete take it as GetParams.ID), and a ListParams.Key is refused with
-// idem.ErrKeySearchUnsupported.
+// idemstore.ErrKeySearchUnsupported.
 //
 // SCAN's guarantee is the walk's: a record that lives through the whole
 // walk is listed at least once; Redis may return one twice when it shrinks
@@ -146,38 +146,38 @@ func info(id, fp string, lease, exp int64, size int) idem.RecordInfo {
 // Limit, or none, before the walk's end. The cursor holds the primary's
 // address and run ID, the SCAN cursor and, when a page ended inside one
 // step, the digests of the records of that step already listed. It is
-// refused (idem.ErrInvalidCursor) once that primary restarted, failed over
+// refused (idemstore.ErrInvalidCursor) once that primary restarted, failed over
 // or left the cluster: a SCAN cursor means nothing to another server.
-func (s *Store) List(ctx context.Context, p idem.ListParams) (idem.ListPage, error) {
+func (s *Store) List(ctx context.Context, p idemstore.ListParams) (idemstore.ListPage, error) {
 	if p.Limit <= 0 {
-		return idem.ListPage{}, errors.New("redisstore: list: the limit must be positive")
+		return idemstore.ListPage{}, errors.New("redisstore: list: the limit must be positive")
 	}
 	if p.Key != "" {
-		return idem.ListPage{}, fmt.Errorf("redisstore: list: %w", idem.ErrKeySearchUnsupported)
+		return idemstore.ListPage{}, fmt.Errorf("redisstore: list: %w", idemstore.ErrKeySearchUnsupported)
 	}
 	cur, err := parseCursor(p.After)
 	if err != nil {
-		return idem.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
+		return idemstore.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
 	}
 	nodes, err := s.primaries(ctx)
 	if err != nil {
-		return idem.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
+		return idemstore.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
 	}
 	i := 0
 	if p.After != "" {
 		i = slices.IndexFunc(nodes, func(n node) bool { return n.addr == cur.addr })
 		if i < 0 {
-			return idem.ListPage{}, fmt.Errorf("redisstore: list: %w: the Redis primary it continues on (%s) is no longer one; start the listing again", idem.ErrInvalidCursor, cur.addr)
+			return idemstore.ListPage{}, fmt.Errorf("redisstore: list: %w: the Redis primary it continues on (%s) is no longer one; start the listing again", idemstore.ErrInvalidCursor, cur.addr)
 		}
 	}
-	var page idem.ListPage
+	var page idemstore.ListPage
 	for ; i < len(nodes); i++ {
 		if nodes[i].addr != cur.addr { // the walk moves on to the next primary
 			cur = cursor{addr: nodes[i].addr}
 		}
 		full, err := s.scanNode(ctx, nodes[i].client, &cur, p, &page.Records)
 		if err != nil {
-			return idem.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
+			return idemstore.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
 		}
 		if full {
 			page.Next = cur.String()
@@ -224,7 +224,7 @@ func (s *Store) primaries(ctx context.Context) ([]node, error) {
 // scanNode continues cur's SCAN on c, appending to out the live records p
 // selects, and reports whether the page is full: then cur is where the
 // next page starts. Otherwise c has no more keys.
-func (s *Store) scanNode(ctx context.Context, c redis.UniversalClient, cur *cursor, p idem.ListParams, out *[]idem.RecordInfo) (bool, error) {
+func (s *Store) scanNode(ctx context.Context, c redis.UniversalClient, cur *cursor, p idemstore.ListParams, out *[]idemstore.RecordInfo) (bool, error) {
 	runID, now, err := serverState(ctx, c)
 	if err != nil {
 		return false, err
@@ -233,7 +233,7 @@ func (s *Store) scanNode(ctx context.Context, c redis.UniversalClient, cur *curs
 	case cur.runID == "":
 		cur.runID = runID
 	case cur.runID != runID && cur.runID != unknownRun && runID != unknownRun:
-		return false, fmt.Errorf("%w: the Redis server it continues on restarted or failed over since (run ID %s, now %s): start the listing again", idem.ErrInvalidCursor, cur.runID, runID)
+		return false, fmt.Errorf("%w: the Redis server it continues on restarted or failed over since (run ID %s, now %s): start the listing again", idemstore.ErrInvalidCursor, cur.runID, runID)
 	}
 	pattern := globEscape(s.prefix) + "{*}"
 	count := min(scanCount, max(1, p.Limit-len(*out)))
@@ -314,7 +314,7 @@ const unknownRun = "?"
 // collect reads the records named by keys in one pipeline and returns the
 // live ones that p selects, except those whose digest is in skip. Keys that
 // are not record names (Key) are not records and are passed over.
-func (s *Store) collect(ctx context.Context, c redis.UniversalClient, keys []string, skip [][sha256.Size]byte, now time.Time, p idem.ListParams) ([]idem.RecordInfo, error) {
+func (s *Store) collect(ctx context.Context, c redis.UniversalClient, keys []string, skip [][sha256.Size]byte, now time.Time, p idemstore.ListParams) ([]idemstore.RecordInfo, error) {
 	keys = slices.DeleteFunc(keys, func(k string) bool {
 		d, ok := s.digestOf(k)
 		return !ok || slices.Contains(skip, d)
@@ -332,7 +332,7 @@ func (s *Store) collect(ctx context.Context, c redis.UniversalClient, keys []str
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	var out []idem.RecordInfo
+	var out []idemstore.RecordInfo
 	for i, k := range keys {
 		v := fields[i].Val()
 		if len(v) != 3 || v[0] == nil {
@@ -385,14 +385,14 @@ func (c cursor) String() string {
 }
 
 // parseCursor reads a cursor String made; "" is the zero cursor. Any other
-// input is an error wrapping idem.ErrInvalidCursor.
+// input is an error wrapping idemstore.ErrInvalidCursor.
 func parseCursor(s string) (cursor, error) {
 	var c cursor
 	if s == "" {
 		return c, nil
 	}
 	bad := func(why string) (cursor, error) {
-		return cursor{}, fmt.Errorf("%w: %s", idem.ErrInvalidCursor, why)
+		return cursor{}, fmt.Errorf("%w: %s", idemstore.ErrInvalidCursor, why)
 	}
 	rest, ok := strings.CutPrefix(s, cursorPrefix)
 	if !ok {
@@ -443,9 +443,9 @@ func parseCursor(s string) (cursor, error) {
 	return c, nil
 }
 
-// Delete implements idem.Inspector, in one script. DeleteParams.ID names a
+// Delete implements idemstore.Inspector, in one script. DeleteParams.ID names a
 // record as GetParams.ID does.
-func (s *Store) Delete(ctx context.Context, p idem.DeleteParams) error {
+func (s *Store) Delete(ctx context.Context, p idemstore.DeleteParams) error {
 	id, err := s.recordName(p.Scope, p.Key, p.ID)
 	if err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)
@@ -460,9 +460,9 @@ func (s *Store) Delete(ctx context.Context, p idem.DeleteParams) error {
 	}
 	switch n {
 	case 0:
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case 2:
-		return idem.ErrInFlight
+		return idemstore.ErrInFlight
 	}
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,7 +29,7 @@ func TestListSplitsBuckets(t *testing.T) {
 	// 300 keys in a table of 512 buckets: dozens of buckets hold two.
 	want := map[string]bool{}
 	for i := range 300 {
-		p := idem.ClaimParams{Scope: "t", Key: fmt.Sprint(i), Fingerprint: fpA, Token: "owner", Lease: time.Minute, TTL: time.Hour}
+		p := idemstore.ClaimParams{Scope: "t", Key: fmt.Sprint(i), Fingerprint: fpA, Token: "owner", Lease: time.Minute, TTL: time.Hour}
 		if _, err := s.Claim(ctx, p); err != nil {
 			t.Fatal(err)
 		}
@@ -37,7 +37,7 @@ func TestListSplitsBuckets(t *testing.T) {
 	}
 	seen := map[string]int{}
 	splits := 0
-	p := idem.ListParams{Limit: 1}
+	p := idemstore.ListParams{Limit: 1}
 	for pages := 0; ; pages++ {
 		page, err := s.List(ctx, p)
 		if err != nil {
@@ -87,21 +87,21 @@ func TestListCursorAfterRestart(t *testing.T) {
 	}
 	ctx := t.Context()
 	for i := range 20 {
-		if _, err := s.Claim(ctx, idem.ClaimParams{Scope: "t", Key: fmt.Sprint(i), Fingerprint: fpA, Token: "o", Lease: time.Minute, TTL: time.Hour}); err != nil {
+		if _, err := s.Claim(ctx, idemstore.ClaimParams{Scope: "t", Key: fmt.Sprint(i), Fingerprint: fpA, Token: "o", Lease: time.Minute, TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	page, err := s.List(ctx, idem.ListParams{Limit: 5})
+	page, err := s.List(ctx, idemstore.ListParams{Limit: 5})
 	if err != nil || page.Next == "" {
 		t.Fatalf("List: %d records, next %q, %v", len(page.Records), page.Next, err)
 	}
-	if _, err := s.List(ctx, idem.ListParams{Limit: 5, After: page.Next}); err != nil {
+	if _, err := s.List(ctx, idemstore.ListParams{Limit: 5, After: page.Next}); err != nil {
 		t.Fatalf("List after the first page: %v", err)
 	}
 	srv.stop()
 	srv.start()
-	_, err = s.List(ctx, idem.ListParams{Limit: 5, After: page.Next})
-	if !errors.Is(err, idem.ErrInvalidCursor) || !strings.Contains(err.Error(), "restarted") {
+	_, err = s.List(ctx, idemstore.ListParams{Limit: 5, After: page.Next})
+	if !errors.Is(err, idemstore.ErrInvalidCursor) || !strings.Contains(err.Error(), "restarted") {
 		t.Errorf("List with a cursor from before a restart: %v, want ErrInvalidCursor saying why", err)
 	}
 }
@@ -122,12 +122,12 @@ func TestListWithoutInfo(t *testing.T) {
 		t.Fatal("INFO still answers")
 	}
 	for i := range 30 {
-		if _, err := s.Claim(ctx, idem.ClaimParams{Scope: "t", Key: fmt.Sprint(i), Fingerprint: fpA, Token: "o", Lease: time.Minute, TTL: time.Hour}); err != nil {
+		if _, err := s.Claim(ctx, idemstore.ClaimParams{Scope: "t", Key: fmt.Sprint(i), Fingerprint: fpA, Token: "o", Lease: time.Minute, TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	seen := map[string]bool{}
-	p := idem.ListParams{Limit: 4}
+	p := idemstore.ListParams{Limit: 4}
 	for {
 		page, err := s.List(ctx, p)
 		if err != nil {
@@ -158,7 +158,7 @@ func FuzzParseCursor(f *testing.F) {
 		}
 		c, err := redisstore.CanonicalCursor(s)
 		if err != nil {
-			if !errors.Is(err, idem.ErrInvalidCursor) {
+			if !errors.Is(err, idemstore.ErrInvalidCursor) {
 				t.Fatalf("%q: %v does not wrap ErrInvalidCursor", s, err)
 			}
 			return

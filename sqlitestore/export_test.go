@@ -3,11 +3,11 @@ package sqlitestore
 import (
 	"context"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // ListPlan returns SQLite's query plan for the statement List runs for p.
-func (s *Store) ListPlan(ctx context.Context, p idem.ListParams) ([]string, error) {
+func (s *Store) ListPlan(ctx context.Context, p idemstore.ListParams) ([]string, error) {
 	q, args, err := s.listQuery(p)
 	if err != nil {
 		return nil, err

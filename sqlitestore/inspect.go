@@ -8,20 +8,20 @@ import (
 	"math"
 	"strings"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
-var _ idem.Inspector = (*Store)(nil)
+var _ idemstore.Inspector = (*Store)(nil)
 
 // errNoID answers a GetParams.ID or DeleteParams.ID: sqlitestore names
 // records by scope and key only.
-var errNoID = fmt.Errorf("sqlitestore: %w: records are named by scope and key", idem.ErrInvalidID)
+var errNoID = fmt.Errorf("sqlitestore: %w: records are named by scope and key", idemstore.ErrInvalidID)
 
-// Get implements idem.Inspector, with the checkpoint of a record in
+// Get implements idemstore.Inspector, with the checkpoint of a record in
 // flight. It reads through the read-only pool.
-func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, error) {
+func (s *Store) Get(ctx context.Context, p idemstore.GetParams) (idemstore.RecordInfo, error) {
 	if p.ID != "" {
-		return idem.RecordInfo{}, errNoID
+		return idemstore.RecordInfo{}, errNoID
 	}
 	var (
 		r          row
@@ -32,16 +32,16 @@ func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, err
 		` WHERE scope = ? AND key = ? AND expires_at > ?`, p.Scope, p.Key, p.Now.UnixNano()).
 		Scan(&r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &resp, &checkpoint)
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.RecordInfo{}, idem.ErrNotFound
+		return idemstore.RecordInfo{}, idemstore.ErrNotFound
 	}
 	if err != nil {
-		return idem.RecordInfo{}, fmt.Errorf("sqlitestore: get: %w", err)
+		return idemstore.RecordInfo{}, fmt.Errorf("sqlitestore: get: %w", err)
 	}
 	ri := info(p.Scope, p.Key, r, len(resp))
 	if r.state == stateCompleted {
-		ri.Response = new(idem.Response)
+		ri.Response = new(idemstore.Response)
 		if err := ri.Response.UnmarshalBinary(resp); err != nil {
-			return idem.RecordInfo{}, fmt.Errorf("sqlitestore: get: stored response: %w", err)
+			return idemstore.RecordInfo{}, fmt.Errorf("sqlitestore: get: stored response: %w", err)
 		}
 	} else if len(checkpoint) > 0 {
 		ri.Checkpoint = checkpoint
@@ -49,32 +49,32 @@ func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, err
 	return ri, nil
 }
 
-func info(scope, key string, r row, size int) idem.RecordInfo {
-	ri := idem.RecordInfo{Scope: scope, Key: key, ResponseSize: size, Record: idem.Record{
-		State: idem.StateInFlight, Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt)}}
+func info(scope, key string, r row, size int) idemstore.RecordInfo {
+	ri := idemstore.RecordInfo{Scope: scope, Key: key, ResponseSize: size, Record: idemstore.Record{
+		State: idemstore.StateInFlight, Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt)}}
 	if r.state == stateCompleted {
-		ri.State = idem.StateCompleted
+		ri.State = idemstore.StateCompleted
 	} else {
 		ri.LeaseExpiresAt = nanos(r.leaseUntil)
 	}
 	return ri
 }
 
-// List implements idem.Inspector; records come in (Scope, Key) byte order.
+// List implements idemstore.Inspector; records come in (Scope, Key) byte order.
 // Each page is one range read of the primary key from After, stopped after
 // Limit+1 rows (the one more tells whether another page follows); a State
 // or Key filter skips rows on that walk instead of sorting anything.
-func (s *Store) List(ctx context.Context, p idem.ListParams) (idem.ListPage, error) {
+func (s *Store) List(ctx context.Context, p idemstore.ListParams) (idemstore.ListPage, error) {
 	q, args, err := s.listQuery(p)
 	if err != nil {
-		return idem.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
+		return idemstore.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 	}
 	rows, err := s.reader.QueryContext(ctx, q, args...)
 	if err != nil {
-		return idem.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
+		return idemstore.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 	}
 	defer rows.Close()
-	var page idem.ListPage
+	var page idemstore.ListPage
 	for rows.Next() {
 		var (
 			scope, key string
@@ -82,23 +82,23 @@ func (s *Store) List(ctx context.Context, p idem.ListParams) (idem.ListPage, err
 			size       int
 		)
 		if err := rows.Scan(&scope, &key, &r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &size); err != nil {
-			return idem.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
+			return idemstore.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 		}
 		if len(page.Records) == p.Limit {
 			last := page.Records[len(page.Records)-1]
-			page.Next = idem.ListCursor(last.Scope, last.Key)
+			page.Next = idemstore.ListCursor(last.Scope, last.Key)
 			break
 		}
 		page.Records = append(page.Records, info(scope, key, r, size))
 	}
 	if err := rows.Err(); err != nil {
-		return idem.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
+		return idemstore.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 	}
 	return page, nil
 }
 
 // listQuery returns List's statement and arguments for p.
-func (s *Store) listQuery(p idem.ListParams) (string, []any, error) {
+func (s *Store) listQuery(p idemstore.ListParams) (string, []any, error) {
 	if p.Limit <= 0 {
 		return "", nil, errors.New("the limit must be positive")
 	}
@@ -110,7 +110,7 @@ func (s *Store) listQuery(p idem.ListParams) (string, []any, error) {
 		` WHERE +expires_at > ?`)
 	args := []any{p.Now.UnixNano()}
 	if p.After != "" {
-		scope, key, err := idem.ParseListCursor(p.After)
+		scope, key, err := idemstore.ParseListCursor(p.After)
 		if err != nil {
 			return "", nil, err
 		}
@@ -130,8 +130,8 @@ func (s *Store) listQuery(p idem.ListParams) (string, []any, error) {
 	return b.String(), append(args, min(p.Limit, math.MaxInt-1)+1), nil
 }
 
-// Delete implements idem.Inspector, in one immediate transaction.
-func (s *Store) Delete(ctx context.Context, p idem.DeleteParams) error {
+// Delete implements idemstore.Inspector, in one immediate transaction.
+func (s *Store) Delete(ctx context.Context, p idemstore.DeleteParams) error {
 	if p.ID != "" {
 		return errNoID
 	}
@@ -145,11 +145,11 @@ func (s *Store) Delete(ctx context.Context, p idem.DeleteParams) error {
 		p.Scope, p.Key, p.Now.UnixNano()).Scan(&state)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case err != nil:
 		return fmt.Errorf("sqlitestore: delete: %w", err)
 	case state == stateInFlight && !p.Force:
-		return idem.ErrInFlight
+		return idemstore.ErrInFlight
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE scope = ? AND key = ?`, p.Scope, p.Key); err != nil {
 		return fmt.Errorf("sqlitestore: delete: %w", err)

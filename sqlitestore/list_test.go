@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // A page of List reads the primary key from its cursor on: SQLite never
@@ -28,18 +28,18 @@ SELECT 's' || (i % 7), 'k' || i, 'v1:x', 1 + i % 2, 0, CASE WHEN i % 100 = 0 THE
 	if _, err := s.DB().ExecContext(ctx, `ANALYZE`); err != nil {
 		t.Fatal(err)
 	}
-	after := idem.ListCursor("s3", "k100")
+	after := idemstore.ListCursor("s3", "k100")
 	for _, c := range []struct {
 		name string
-		p    idem.ListParams
+		p    idemstore.ListParams
 		want string
 	}{
-		{"first page", idem.ListParams{}, "SCAN idem_records"},
-		{"next page", idem.ListParams{After: after}, "USING PRIMARY KEY ((scope,key)>(?,?))"},
-		{"state", idem.ListParams{State: idem.StateInFlight}, "SCAN idem_records"},
-		{"state, next page", idem.ListParams{State: idem.StateCompleted, After: after}, "USING PRIMARY KEY ((scope,key)>(?,?))"},
-		{"key", idem.ListParams{Key: "k5"}, "SCAN idem_records"},
-		{"key, next page", idem.ListParams{Key: "k5", After: after}, "USING PRIMARY KEY ((scope,key)>(?,?))"},
+		{"first page", idemstore.ListParams{}, "SCAN idem_records"},
+		{"next page", idemstore.ListParams{After: after}, "USING PRIMARY KEY ((scope,key)>(?,?))"},
+		{"state", idemstore.ListParams{State: idemstore.StateInFlight}, "SCAN idem_records"},
+		{"state, next page", idemstore.ListParams{State: idemstore.StateCompleted, After: after}, "USING PRIMARY KEY ((scope,key)>(?,?))"},
+		{"key", idemstore.ListParams{Key: "k5"}, "SCAN idem_records"},
+		{"key, next page", idemstore.ListParams{Key: "k5", After: after}, "USING PRIMARY KEY ((scope,key)>(?,?))"},
 	} {
 		c.p.Limit, c.p.Now = 100, now
 		plan, err := s.ListPlan(ctx, c.p)

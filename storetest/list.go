@@ -7,14 +7,15 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // walk lists every page of p (from p.After) and returns their records. It
 // fails the test on an error, a page over the limit, a page with a
 // response, and a cursor that repeats (a walk that would never end).
-func walk(t *testing.T, b *bundle, in idem.Inspector, p idem.ListParams) []idem.RecordInfo {
+func walk(t *testing.T, b *bundle, in idemstore.Inspector, p idemstore.ListParams) []idemstore.RecordInfo {
 	t.Helper()
-	var out []idem.RecordInfo
+	var out []idemstore.RecordInfo
 	seen := map[string]bool{}
 	for {
 		page, err := in.List(b.ctx, p)
@@ -52,7 +53,7 @@ func seedList(b *bundle, n int) ([]string, map[string]bool) {
 	completed := map[string]bool{}
 	for i := range fps {
 		p := b.longClaim(listFingerprint(b.seq.Add(1)))
-		b.mustOutcome(p, idem.ClaimAcquired)
+		b.mustOutcome(p, idemstore.ClaimAcquired)
 		fps[i] = p.Fingerprint
 		completed[p.Fingerprint] = i%3 == 0
 		if i%3 == 0 {
@@ -67,7 +68,7 @@ func seedList(b *bundle, n int) ([]string, map[string]bool) {
 // longClaim returns the params of a claim of a fresh key whose lease and
 // retention last ten minutes, so that records live through a listing on a
 // server clock too.
-func (b *bundle) longClaim(fp string) idem.ClaimParams {
+func (b *bundle) longClaim(fp string) idemstore.ClaimParams {
 	scope, key := b.names()
 	p := b.claimParams(scope, key, fp)
 	p.Lease, p.TTL = max(p.Lease, 10*time.Minute), max(p.TTL, 10*time.Minute)
@@ -79,7 +80,7 @@ func listFingerprint(n int64) string {
 }
 
 // countOf counts the records of a walk by fingerprint.
-func countOf(recs []idem.RecordInfo) map[string]int {
+func countOf(recs []idemstore.RecordInfo) map[string]int {
 	n := map[string]int{}
 	for _, r := range recs {
 		n[r.Fingerprint]++
@@ -89,7 +90,7 @@ func countOf(recs []idem.RecordInfo) map[string]int {
 
 // checkCover checks that a walk listed each of want exactly once (at least
 // once for a ScanOrder store) and nothing else but the records allowed.
-func checkCover(t *testing.T, h Harness, what string, recs []idem.RecordInfo, want []string, allowed func(fp string) bool) {
+func checkCover(t *testing.T, h Harness, what string, recs []idemstore.RecordInfo, want []string, allowed func(fp string) bool) {
 	t.Helper()
 	n := countOf(recs)
 	for _, fp := range want {
@@ -111,17 +112,17 @@ func checkCover(t *testing.T, h Harness, what string, recs []idem.RecordInfo, wa
 // a stable order, pages within their limit, filters kept across pages.
 func testListPages(t *testing.T, h Harness) {
 	b := setup(t, h)
-	in, ok := b.store.(idem.Inspector)
+	in, ok := b.store.(idemstore.Inspector)
 	if !ok {
-		t.Skip("the store does not implement idem.Inspector")
+		t.Skip("the store does not implement idemstore.Inspector")
 	}
 	const n = 240
 	fps, completed := seedList(b, n)
 	now := b.clock.Now()
 
-	var first []idem.RecordInfo
+	var first []idemstore.RecordInfo
 	for _, limit := range []int{7, 1, 64, n - 1, n, 1000} {
-		recs := walk(t, b, in, idem.ListParams{Limit: limit, Now: now})
+		recs := walk(t, b, in, idemstore.ListParams{Limit: limit, Now: now})
 		checkCover(t, h, fmt.Sprintf("walk with limit %d", limit), recs, fps, nil)
 		if h.ScanOrder {
 			continue
@@ -129,7 +130,7 @@ func testListPages(t *testing.T, h Harness) {
 		// The order is the store's and stays the same from walk to walk.
 		if first == nil {
 			first = recs
-		} else if !slices.EqualFunc(recs, first, func(a, b idem.RecordInfo) bool { return a.Fingerprint == b.Fingerprint }) {
+		} else if !slices.EqualFunc(recs, first, func(a, b idemstore.RecordInfo) bool { return a.Fingerprint == b.Fingerprint }) {
 			t.Errorf("the walk with limit %d listed the records in another order than the first walk", limit)
 		}
 	}
@@ -137,15 +138,15 @@ func testListPages(t *testing.T, h Harness) {
 	if !h.ScanOrder {
 		// An ordered store knows where its records end: a page that takes
 		// the last record says so.
-		page, err := in.List(b.ctx, idem.ListParams{Limit: n, Now: now})
+		page, err := in.List(b.ctx, idemstore.ListParams{Limit: n, Now: now})
 		if err != nil || len(page.Records) != n || page.Next != "" {
 			t.Errorf("List(limit %d) of %d records = %d records, next %q, %v; want all and no next", n, n, len(page.Records), page.Next, err)
 		}
-		page, err = in.List(b.ctx, idem.ListParams{Limit: n - 1, Now: now})
+		page, err = in.List(b.ctx, idemstore.ListParams{Limit: n - 1, Now: now})
 		if err != nil || len(page.Records) != n-1 || page.Next == "" {
 			t.Fatalf("List(limit %d) of %d records = %d records, next %q, %v", n-1, n, len(page.Records), page.Next, err)
 		}
-		page, err = in.List(b.ctx, idem.ListParams{Limit: n, After: page.Next, Now: now})
+		page, err = in.List(b.ctx, idemstore.ListParams{Limit: n, After: page.Next, Now: now})
 		if err != nil || len(page.Records) != 1 || page.Next != "" {
 			t.Errorf("the page after %d of %d records = %d records, next %q, %v; want 1 and no next", n-1, n, len(page.Records), page.Next, err)
 		}
@@ -161,10 +162,10 @@ func testListPages(t *testing.T, h Harness) {
 		}
 	}
 	for _, c := range []struct {
-		state idem.RecordState
+		state idemstore.RecordState
 		want  []string
-	}{{idem.StateCompleted, done}, {idem.StateInFlight, running}} {
-		recs := walk(t, b, in, idem.ListParams{State: c.state, Limit: 9, Now: now})
+	}{{idemstore.StateCompleted, done}, {idemstore.StateInFlight, running}} {
+		recs := walk(t, b, in, idemstore.ListParams{State: c.state, Limit: 9, Now: now})
 		checkCover(t, h, fmt.Sprintf("walk of %v records", c.state), recs, c.want, nil)
 		for _, r := range recs {
 			if r.State != c.state {
@@ -180,9 +181,9 @@ func testListPages(t *testing.T, h Harness) {
 // store), one created or deleted during it at most once.
 func testListChurn(t *testing.T, h Harness) {
 	b := setup(t, h)
-	in, ok := b.store.(idem.Inspector)
+	in, ok := b.store.(idemstore.Inspector)
 	if !ok {
-		t.Skip("the store does not implement idem.Inspector")
+		t.Skip("the store does not implement idemstore.Inspector")
 	}
 	stable, _ := seedList(b, 150)
 
@@ -205,8 +206,8 @@ func testListChurn(t *testing.T, h Harness) {
 			if i%2 == 0 || len(live) == 0 {
 				p := b.longClaim(listFingerprint(b.seq.Add(1)))
 				p.Now = b.clock.Now()
-				var r idem.ClaimResult
-				if r, err = b.store.Claim(b.ctx, p); err == nil && r.Outcome != idem.ClaimAcquired {
+				var r idemstore.ClaimResult
+				if r, err = b.store.Claim(b.ctx, p); err == nil && r.Outcome != idemstore.ClaimAcquired {
 					err = fmt.Errorf("claim of a new key: outcome %v", r.Outcome)
 				}
 				live = append(live, churnRecord{p.Scope, p.Key, p.Fingerprint})
@@ -214,7 +215,7 @@ func testListChurn(t *testing.T, h Harness) {
 			} else {
 				c := live[0]
 				live = live[1:]
-				err = in.Delete(b.ctx, idem.DeleteParams{Scope: c.scope, Key: c.key, Force: true, Now: b.clock.Now()})
+				err = in.Delete(b.ctx, idemstore.DeleteParams{Scope: c.scope, Key: c.key, Force: true, Now: b.clock.Now()})
 			}
 			select {
 			case ops <- err:
@@ -224,8 +225,8 @@ func testListChurn(t *testing.T, h Harness) {
 		}
 	}()
 
-	p := idem.ListParams{Limit: 5, Now: b.clock.Now()}
-	var recs []idem.RecordInfo
+	p := idemstore.ListParams{Limit: 5, Now: b.clock.Now()}
+	var recs []idemstore.RecordInfo
 	for pages := 0; ; pages++ {
 		page, err := in.List(b.ctx, p)
 		if err != nil {

@@ -11,13 +11,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // The operator commands: idem inspect, idem ls and idem delete. They work
 // on every store that outlives a process (a SQLite file, postgres://,
-// redis://) through the idem.Inspector capability. Everything they print
+// redis://) through the idemstore.Inspector capability. Everything they print
 // from a record is escaped for the terminal (escape.go).
 
 // scopeHelp says what a scope is and how the commands take one back.
@@ -136,14 +137,14 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // about its encryption: "" for a response stored in clear. A response it
 // cannot decrypt is dropped from its record, so that ciphertext is never
 // printed as a body.
-func openResponses(ctx context.Context, enc *idem.Encryption, recs []idem.RecordInfo) []string {
+func openResponses(ctx context.Context, enc *idemcrypt.Encryption, recs []idemstore.RecordInfo) []string {
 	notes := make([]string, len(recs))
 	for i := range recs {
 		r := &recs[i]
 		if r.Response == nil {
 			continue
 		}
-		var none *idem.Encryption // opens exactly the responses stored in clear
+		var none *idemcrypt.Encryption // opens exactly the responses stored in clear
 		if _, err := none.Open(ctx, r.Scope, r.Key, r.Response); err == nil {
 			continue
 		}
@@ -180,13 +181,13 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(f.positional()) > 0 {
 		return f.usageError("unexpected argument %q", f.positional()[0])
 	}
-	p := idem.ListParams{After: *after, Now: time.Now()}
+	p := idemstore.ListParams{After: *after, Now: time.Now()}
 	switch *state {
 	case "":
 	case "in-flight":
-		p.State = idem.StateInFlight
+		p.State = idemstore.StateInFlight
 	case "completed":
-		p.State = idem.StateCompleted
+		p.State = idemstore.StateCompleted
 	default:
 		return f.usageError("--state must be in-flight or completed, not %q", *state)
 	}
@@ -233,8 +234,8 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // lsError explains a failed page of idem ls, with where to go on from when
 // some pages were printed.
 func lsError(err error, s *backend.Store, first, at string) string {
-	if errors.Is(err, idem.ErrInvalidCursor) && at == first {
-		return fmt.Sprintf("--after: not a cursor idem ls printed for %s, or one it can no longer go on from: %s", s.Where, reason(err, idem.ErrInvalidCursor))
+	if errors.Is(err, idemstore.ErrInvalidCursor) && at == first {
+		return fmt.Sprintf("--after: not a cursor idem ls printed for %s, or one it can no longer go on from: %s", s.Where, reason(err, idemstore.ErrInvalidCursor))
 	}
 	msg := storeError(err, s)
 	if at != "" && at != first {
@@ -247,10 +248,10 @@ func lsError(err error, s *backend.Store, first, at string) string {
 // command can meet say what to do on the command line.
 func storeError(err error, s *backend.Store) string {
 	switch {
-	case errors.Is(err, idem.ErrKeySearchUnsupported):
+	case errors.Is(err, idemstore.ErrKeySearchUnsupported):
 		return "Redis keeps scopes and keys only hashed, so a key cannot be found without its scope: give --scope SCOPE with KEY, or instead of KEY the record's ID as idem ls prints it"
-	case errors.Is(err, idem.ErrInvalidID):
-		return fmt.Sprintf("not a record ID of %s (%s). Redis keeps scopes and keys only hashed: give --scope SCOPE with KEY, or instead of KEY the record's ID as idem ls prints it in its ID column", s.Where, reason(err, idem.ErrInvalidID))
+	case errors.Is(err, idemstore.ErrInvalidID):
+		return fmt.Sprintf("not a record ID of %s (%s). Redis keeps scopes and keys only hashed: give --scope SCOPE with KEY, or instead of KEY the record's ID as idem ls prints it in its ID column", s.Where, reason(err, idemstore.ErrInvalidID))
 	}
 	return err.Error()
 }
@@ -304,12 +305,12 @@ func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			return exitError
 		}
 	}
-	err = in.Delete(ctx, idem.DeleteParams{Scope: name.scope, Key: name.key, ID: name.id, Force: *force, Now: time.Now()})
+	err = in.Delete(ctx, idemstore.DeleteParams{Scope: name.scope, Key: name.key, ID: name.id, Force: *force, Now: time.Now()})
 	switch {
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, idemstore.ErrNotFound):
 		fmt.Fprintf(stderr, "idem delete: no record for this %s in %s\n", name.what(), s.Where)
 		return exitError
-	case errors.Is(err, idem.ErrInFlight):
+	case errors.Is(err, idemstore.ErrInFlight):
 		fmt.Fprintln(stderr, "idem delete: the record is in flight (its first attempt may still be running); refusing without --force")
 		return exitError
 	case err != nil:
@@ -387,8 +388,8 @@ func recordName(f *flags, store, scope string) (name, int) {
 }
 
 // openInspector opens the store named by spec, which must outlive this
-// process and implement idem.Inspector.
-func openInspector(ctx context.Context, spec string) (idem.Inspector, *backend.Store, error) {
+// process and implement idemstore.Inspector.
+func openInspector(ctx context.Context, spec string) (idemstore.Inspector, *backend.Store, error) {
 	kind, err := backend.KindOf(spec)
 	if err != nil {
 		return nil, nil, err
@@ -406,7 +407,7 @@ func openInspector(ctx context.Context, spec string) (idem.Inspector, *backend.S
 	if err != nil {
 		return nil, nil, err
 	}
-	in, ok := s.Records.(idem.Inspector)
+	in, ok := s.Records.(idemstore.Inspector)
 	if !ok {
 		s.Close()
 		return nil, nil, fmt.Errorf("%s cannot be inspected", s.Where)
@@ -417,19 +418,19 @@ func openInspector(ctx context.Context, spec string) (idem.Inspector, *backend.S
 // lookup returns the record n names: at its ID, in its scope, or in every
 // scope holding its key (at most lookupMax of them; more reports that
 // there were others).
-func lookup(ctx context.Context, in idem.Inspector, n name) (recs []idem.RecordInfo, more bool, err error) {
+func lookup(ctx context.Context, in idemstore.Inspector, n name) (recs []idemstore.RecordInfo, more bool, err error) {
 	now := time.Now()
 	if n.id != "" || n.scoped {
-		r, err := in.Get(ctx, idem.GetParams{Scope: n.scope, Key: n.key, ID: n.id, Now: now})
-		if errors.Is(err, idem.ErrNotFound) {
+		r, err := in.Get(ctx, idemstore.GetParams{Scope: n.scope, Key: n.key, ID: n.id, Now: now})
+		if errors.Is(err, idemstore.ErrNotFound) {
 			return nil, false, nil
 		}
 		if err != nil {
 			return nil, false, err
 		}
-		return []idem.RecordInfo{r}, false, nil
+		return []idemstore.RecordInfo{r}, false, nil
 	}
-	p := idem.ListParams{Key: n.key, Limit: lookupMax + 1, Now: now}
+	p := idemstore.ListParams{Key: n.key, Limit: lookupMax + 1, Now: now}
 	for {
 		page, err := in.List(ctx, p)
 		if err != nil {
@@ -439,8 +440,8 @@ func lookup(ctx context.Context, in idem.Inspector, n name) (recs []idem.RecordI
 			if len(recs) == lookupMax {
 				return recs, true, nil
 			}
-			r, err := in.Get(ctx, idem.GetParams{Scope: f.Scope, Key: f.Key, Now: now})
-			if errors.Is(err, idem.ErrNotFound) {
+			r, err := in.Get(ctx, idemstore.GetParams{Scope: f.Scope, Key: f.Key, Now: now})
+			if errors.Is(err, idemstore.ErrNotFound) {
 				continue // gone since the listing
 			}
 			if err != nil {
@@ -454,7 +455,7 @@ func lookup(ctx context.Context, in idem.Inspector, n name) (recs []idem.RecordI
 	}
 }
 
-func printRecord(w io.Writer, r idem.RecordInfo, showBody bool, encryption string) {
+func printRecord(w io.Writer, r idemstore.RecordInfo, showBody bool, encryption string) {
 	tw := newTable(w, 1)
 	line := func(k, format string, args ...any) {
 		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...)
@@ -474,7 +475,7 @@ func printRecord(w io.Writer, r idem.RecordInfo, showBody bool, encryption strin
 	line("fingerprint", "%s", termField(r.Fingerprint))
 	line("fingerprint version", "%s", termField(r.FingerprintVersion()))
 	line("expires at", "%s (in %s)", r.ExpiresAt.Format(time.RFC3339Nano), time.Until(r.ExpiresAt).Round(time.Second))
-	if r.State == idem.StateInFlight && !r.Held() {
+	if r.State == idemstore.StateInFlight && !r.Held() {
 		line("lease until", "%s (%s)", r.LeaseExpiresAt.Format(time.RFC3339Nano), leaseState(r.LeaseExpiresAt))
 	}
 	if encryption != "" {

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // openCheckpoints opens the recovery points of the records in flight with
@@ -17,13 +19,13 @@ import (
 // notes[i] what to say about a sealed one, as openResponses does for
 // responses: a checkpoint it cannot open is dropped from its record, so
 // that ciphertext is never printed as steps.
-func openCheckpoints(ctx context.Context, enc *idem.Encryption, recs []idem.RecordInfo, notes []string) {
+func openCheckpoints(ctx context.Context, enc *idemcrypt.Encryption, recs []idemstore.RecordInfo, notes []string) {
 	for i := range recs {
 		r := &recs[i]
 		if len(r.Checkpoint) == 0 {
 			continue
 		}
-		var none *idem.Encryption // opens exactly the checkpoints stored in clear
+		var none *idemcrypt.Encryption // opens exactly the checkpoints stored in clear
 		if _, err := none.OpenCheckpoint(ctx, r.Scope, r.Key, r.Fingerprint, r.Checkpoint); err == nil {
 			continue
 		}
@@ -42,7 +44,7 @@ func openCheckpoints(ctx context.Context, enc *idem.Encryption, recs []idem.Reco
 
 // printSteps prints the steps of r's (opened) recovery point: one summary
 // line, and with showBody each step's data.
-func printSteps(line func(k, format string, args ...any), r idem.RecordInfo) {
+func printSteps(line func(k, format string, args ...any), r idemstore.RecordInfo) {
 	if len(r.Checkpoint) == 0 {
 		return
 	}
@@ -61,7 +63,7 @@ func printSteps(line func(k, format string, args ...any), r idem.RecordInfo) {
 // printStepData prints the data of each completed step (--show-body):
 // recovery points hold what later steps need, such as amounts and
 // references.
-func printStepData(w io.Writer, r idem.RecordInfo) {
+func printStepData(w io.Writer, r idemstore.RecordInfo) {
 	steps, err := idem.ParseCheckpoint(r.Checkpoint)
 	if err != nil || len(steps) == 0 {
 		return
@@ -107,7 +109,7 @@ type stepJSON struct {
 
 // stepsJSON returns r's steps for --json (nil without a readable
 // recovery point).
-func stepsJSON(r idem.RecordInfo, showBody bool) []stepJSON {
+func stepsJSON(r idemstore.RecordInfo, showBody bool) []stepJSON {
 	steps, err := idem.ParseCheckpoint(r.Checkpoint)
 	if err != nil || len(steps) == 0 {
 		return nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
@@ -125,8 +126,8 @@ func TestOperatorCommands(t *testing.T) {
 				t.Fatal(err)
 			}
 			now := time.Now()
-			claim := func(key string) idem.ClaimParams {
-				p := idem.ClaimParams{Scope: scope, Key: key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok-" + key,
+			claim := func(key string) idemstore.ClaimParams {
+				p := idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok-" + key,
 					Lease: time.Minute, TTL: time.Hour, Now: now}
 				if _, err := s.Records.Claim(t.Context(), p); err != nil {
 					t.Fatal(err)
@@ -136,7 +137,7 @@ func TestOperatorCommands(t *testing.T) {
 			done := claim("order-1")
 			resp := &idem.Response{StatusCode: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
 				Body: []byte(`{"id":"pay_1","secret":"card-4242"}`)}
-			if err := s.Records.Complete(t.Context(), idem.CompleteParams{Scope: scope, Key: done.Key, Token: done.Token, Response: resp, Now: now}); err != nil {
+			if err := s.Records.Complete(t.Context(), idemstore.CompleteParams{Scope: scope, Key: done.Key, Token: done.Token, Response: resp, Now: now}); err != nil {
 				t.Fatal(err)
 			}
 			running := claim("order-2")
@@ -171,7 +172,7 @@ func TestOperatorCommands(t *testing.T) {
 			if code, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); code != exitError || !strings.Contains(errs, "no record") {
 				t.Errorf("inspect of an absent key: exit %d: %s", code, errs)
 			}
-			if code, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); strings.Contains(errs, "order-9") {
+			if _, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); strings.Contains(errs, "order-9") {
 				t.Errorf("the key appears in an error message: %s", errs)
 			}
 			if name != "redis" {

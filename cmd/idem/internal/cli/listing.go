@@ -11,7 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // How idem ls and idem inspect print records: a table or key/value lines
@@ -22,7 +22,7 @@ import (
 // one page.
 type recordWriter interface {
 	// write prints one page of records.
-	write(recs []idem.RecordInfo) error
+	write(recs []idemstore.RecordInfo) error
 	// end finishes the listing; next is the cursor that goes on after it,
 	// "" when the listing is complete.
 	end(next string) error
@@ -32,34 +32,34 @@ type recordWriter interface {
 // in lsColumns.
 type column struct {
 	title string
-	value func(idem.RecordInfo) string
+	value func(idemstore.RecordInfo) string
 }
 
 // lsColumns returns idem ls's table columns: records are named by scope
 // and key, or by ID on a store that keeps those only hashed.
 func lsColumns(hashed bool) []column {
 	cols := []column{
-		{"STATE", func(r idem.RecordInfo) string {
+		{"STATE", func(r idemstore.RecordInfo) string {
 			if r.Held() {
 				return "held"
 			}
 			return termField(r.State.String())
 		}},
-		{"EXPIRES AT", func(r idem.RecordInfo) string { return r.ExpiresAt.Format(time.RFC3339) }},
-		{"LEASE UNTIL", func(r idem.RecordInfo) string {
-			if r.State != idem.StateInFlight || r.Held() {
+		{"EXPIRES AT", func(r idemstore.RecordInfo) string { return r.ExpiresAt.Format(time.RFC3339) }},
+		{"LEASE UNTIL", func(r idemstore.RecordInfo) string {
+			if r.State != idemstore.StateInFlight || r.Held() {
 				return "-"
 			}
 			return r.LeaseExpiresAt.Format(time.RFC3339)
 		}},
-		{"SIZE", func(r idem.RecordInfo) string { return strconv.Itoa(r.ResponseSize) }},
+		{"SIZE", func(r idemstore.RecordInfo) string { return strconv.Itoa(r.ResponseSize) }},
 	}
 	if hashed {
-		return append(cols, column{"ID", func(r idem.RecordInfo) string { return termField(r.ID) }})
+		return append(cols, column{"ID", func(r idemstore.RecordInfo) string { return termField(r.ID) }})
 	}
 	return append(cols,
-		column{"SCOPE", func(r idem.RecordInfo) string { return termField(r.Scope) }},
-		column{"KEY", func(r idem.RecordInfo) string { return termField(r.Key) }})
+		column{"SCOPE", func(r idemstore.RecordInfo) string { return termField(r.Scope) }},
+		column{"KEY", func(r idemstore.RecordInfo) string { return termField(r.Key) }})
 }
 
 // tableWriter prints idem ls's table. Columns are aligned within each page
@@ -78,7 +78,7 @@ func newTable(w io.Writer, padding int) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 4, padding, ' ', 0)
 }
 
-func (t *tableWriter) write(recs []idem.RecordInfo) error {
+func (t *tableWriter) write(recs []idemstore.RecordInfo) error {
 	tw := newTable(t.out, 2)
 	if !t.header {
 		t.header = true
@@ -126,7 +126,7 @@ func newJSONWriter(w io.Writer) *jsonWriter {
 	return j
 }
 
-func (j *jsonWriter) write(recs []idem.RecordInfo) error {
+func (j *jsonWriter) write(recs []idemstore.RecordInfo) error {
 	for _, r := range recs {
 		b, err := json.MarshalIndent(toJSON(r, false), "    ", "  ")
 		if err != nil {
@@ -193,7 +193,7 @@ type recordJSON struct {
 	Steps []stepJSON `json:"steps,omitempty"`
 }
 
-func toJSON(r idem.RecordInfo, showBody bool) recordJSON {
+func toJSON(r idemstore.RecordInfo, showBody bool) recordJSON {
 	j := recordJSON{State: r.State.String(), Fingerprint: r.Fingerprint,
 		FingerprintVersion: r.FingerprintVersion(), ExpiresAt: r.ExpiresAt, ResponseSize: r.ResponseSize}
 	j.Scope, j.ScopeQuoted = jsonString(r.Scope)
@@ -204,7 +204,7 @@ func toJSON(r idem.RecordInfo, showBody bool) recordJSON {
 	case r.Held():
 		j.Held = true
 		j.Steps = stepsJSON(r, showBody)
-	case r.State == idem.StateInFlight:
+	case r.State == idemstore.StateInFlight:
 		j.LeaseExpiresAt = &r.LeaseExpiresAt
 		j.Steps = stepsJSON(r, showBody)
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
@@ -56,7 +57,7 @@ func terminalSafe(t *testing.T, what, out string) {
 	}
 }
 
-// seed writes records into the store at spec through its idem.Store, as
+// seed writes records into the store at spec through its idemstore.Store, as
 // a server would: claimed, then completed with resp when it is not nil.
 func seed(t *testing.T, spec string, recs ...seedRecord) {
 	t.Helper()
@@ -67,7 +68,7 @@ func seed(t *testing.T, spec string, recs ...seedRecord) {
 	defer s.Close()
 	now := time.Now()
 	for _, r := range recs {
-		p := idem.ClaimParams{Scope: r.scope, Key: r.key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok",
+		p := idemstore.ClaimParams{Scope: r.scope, Key: r.key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok",
 			Lease: time.Hour, TTL: 2 * time.Hour, Now: now}
 		if _, err := s.Records.Claim(t.Context(), p); err != nil {
 			t.Fatal(err)
@@ -75,7 +76,7 @@ func seed(t *testing.T, spec string, recs ...seedRecord) {
 		if r.resp == nil {
 			continue
 		}
-		if err := s.Records.Complete(t.Context(), idem.CompleteParams{Scope: r.scope, Key: r.key, Token: p.Token, Response: r.resp, Now: now}); err != nil {
+		if err := s.Records.Complete(t.Context(), idemstore.CompleteParams{Scope: r.scope, Key: r.key, Token: p.Token, Response: r.resp, Now: now}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -386,14 +387,14 @@ func seedThroughStore(t *testing.T, s *backend.Store, scope string, n int) map[s
 		wg.Go(func() {
 			for i := w; i < n; i += 8 {
 				key := fmt.Sprintf("page-%05d", i)
-				p := idem.ClaimParams{Scope: scope, Key: key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok-" + key,
+				p := idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok-" + key,
 					Lease: time.Hour, TTL: 2 * time.Hour, Now: now}
 				if _, err := s.Records.Claim(t.Context(), p); err != nil {
 					errs <- err
 					return
 				}
 				if i%5 == 0 {
-					if err := s.Records.Complete(t.Context(), idem.CompleteParams{Scope: scope, Key: key, Token: p.Token,
+					if err := s.Records.Complete(t.Context(), idemstore.CompleteParams{Scope: scope, Key: key, Token: p.Token,
 						Response: &idem.Response{StatusCode: 201, Body: []byte("{}")}, Now: now}); err != nil {
 						errs <- err
 						return

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
+	"github.com/idemhq/idem/idemstore"
 )
 
 const serveAbout = `Runs the payments demo: a retry-safe payments API. POST /api/payments needs
@@ -145,8 +146,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 
 	// Payments and records in one database commit in one transaction: the
-	// records store must offer it (idem.TxStore).
-	_, transactional := records.Records.(idem.TxStore)
+	// records store must offer it (idemstore.TxStore).
+	_, transactional := records.Records.(idemstore.TxStore)
 	if sameDB && !transactional {
 		logger.Error("internal error: the records store cannot join the payments' transaction", "store", fmt.Sprintf("%T", records.Records))
 		return exitError
@@ -214,7 +215,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
 	if psvc != nil {
 		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
-		exec, err := idem.NewExecutor(mwStore, idemCfg)
+		// The reconciler's executor shares the records' settings, not the
+		// middleware's HTTP ones.
+		exec, err := idem.NewExecutor(mwStore, &idem.Config{Lease: idemCfg.Lease, TTL: idemCfg.TTL,
+			StoreTimeout: idemCfg.StoreTimeout, Observer: idemCfg.Observer, Logger: idemCfg.Logger,
+			Encryption: idemCfg.Encryption, DeriveKeySecret: idemCfg.DeriveKeySecret, ClaimInTx: idemCfg.ClaimInTx})
 		if err != nil {
 			return f.usageError("%v", err)
 		}
@@ -241,7 +246,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot listen", "addr", *sf.addr, "error", err)
 		return exitError
 	}
-	where := dbStore.Where
+	var where string
 	if records != dbStore {
 		where = fmt.Sprintf("payments in %s; idempotency records in %s (no shared transaction)", dbStore.Where, records.Where)
 	} else {
@@ -266,12 +271,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // Watcher, if it has one): when the records live in another database than
 // the payments, the store's transaction must not reach the payment
 // repository, which would write the payment into the records' database.
-func withoutTx(s idem.Store) idem.Store {
-	if w, ok := s.(idem.Watcher); ok {
+func withoutTx(s idemstore.Store) idemstore.Store {
+	if w, ok := s.(idemstore.Watcher); ok {
 		return struct {
-			idem.Store
-			idem.Watcher
+			idemstore.Store
+			idemstore.Watcher
 		}{s, w}
 	}
-	return struct{ idem.Store }{s}
+	return struct{ idemstore.Store }{s}
 }

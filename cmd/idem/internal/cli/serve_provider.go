@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // crashEnv names a step boundary at which `idem serve --provider` kills
@@ -153,12 +154,12 @@ func (c *crashWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 // time. It holds for an operator the payments that reach
 // --reconcile-max-attempts or --reconcile-max-age, and counts those held
 // for idem_reconcile_held.
-func reconcileLoop(ctx context.Context, exec *idem.Executor, store idem.Store, svc *payments.ProviderService, pf providerFlags, pm *metrics.Provider, logger *slog.Logger) {
+func reconcileLoop(ctx context.Context, exec *idem.Executor, store idemstore.Store, svc *payments.ProviderService, pf providerFlags, pm *metrics.Provider, logger *slog.Logger) {
 	every := *pf.reconcile
 	if every <= 0 {
 		return
 	}
-	ss, _ := store.(idem.StepStore) // --provider needs the records in --db: a StepStore
+	ss, _ := store.(idemstore.StepStore) // --provider needs the records in --db: a StepStore
 	params := idem.ReconcileParams{Operation: "POST /api/payments (reconcile)", Limit: reconcileBatch,
 		Concurrency: *pf.concurrency, MaxAttempts: *pf.maxAttempts, MaxAge: *pf.maxAge}
 	logger.Info("reconciler started", "interval", every, "concurrency", params.Concurrency,
@@ -177,7 +178,7 @@ func reconcileLoop(ctx context.Context, exec *idem.Executor, store idem.Store, s
 
 // reconcilePass is one pass of reconcileLoop. The metrics are updated at
 // its end, the pass counter last.
-func reconcilePass(ctx context.Context, exec *idem.Executor, ss idem.StepStore, svc *payments.ProviderService, params idem.ReconcileParams, pm *metrics.Provider, logger *slog.Logger) {
+func reconcilePass(ctx context.Context, exec *idem.Executor, ss idemstore.StepStore, svc *payments.ProviderService, params idem.ReconcileParams, pm *metrics.Provider, logger *slog.Logger) {
 	res, err := exec.Reconcile(ctx, params, svc.Resume)
 	defer pm.Reconciled(res.Completed, res.Failed-res.Held, res.Held)
 	if res.Found > 0 || err != nil {
@@ -188,7 +189,7 @@ func reconcilePass(ctx context.Context, exec *idem.Executor, ss idem.StepStore, 
 		return
 	}
 	sctx, cancel := context.WithTimeout(ctx, heldCountTimeout)
-	held, err := ss.Stuck(sctx, idem.StuckParams{Limit: heldCountLimit, Held: true, Now: time.Now()})
+	held, err := ss.Stuck(sctx, idemstore.StuckParams{Limit: heldCountLimit, Held: true, Now: time.Now()})
 	cancel()
 	if err != nil {
 		logger.Warn("cannot count the payments held for an operator", "error", err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/sqlitestore"
 )
@@ -119,7 +120,7 @@ type providerBench struct {
 	srv   *httptest.Server
 	svc   *ProviderService
 	exec  *idem.Executor
-	store idem.StepStore
+	store idemstore.StepStore
 	obs   *observed
 }
 
@@ -129,7 +130,7 @@ func newProviderBench(t *testing.T, backend string, fp *fakeProvider, budget tim
 	t.Helper()
 	ctx := context.Background()
 	var (
-		store idem.Store
+		store idemstore.Store
 		repo  StepRepo
 	)
 	switch backend {
@@ -167,7 +168,7 @@ func newProviderBench(t *testing.T, backend string, fp *fakeProvider, budget tim
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec, err := idem.NewExecutor(store, cfg)
+	exec, err := idem.NewExecutor(store, &idem.Config{DeriveKeySecret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +190,7 @@ func newProviderBench(t *testing.T, backend string, fp *fakeProvider, budget tim
 	})
 	svc.Client, _ = NewProviderClient(DefaultRequestAttempts)
 	svc.ReconcileClient, _ = NewProviderClient(DefaultReconcileAttempts)
-	return &providerBench{t: t, srv: srv, svc: svc, exec: exec, store: store.(idem.StepStore), obs: obs}
+	return &providerBench{t: t, srv: srv, svc: svc, exec: exec, store: store.(idemstore.StepStore), obs: obs}
 }
 
 func (b *providerBench) pay(key, ref string) result {
@@ -245,7 +246,7 @@ func (b *providerBench) reconcile(p idem.ReconcileParams) idem.ReconcileResult {
 // stuckSteps returns the recorded steps of the one stuck record.
 func (b *providerBench) stuckSteps() []idem.StepState {
 	b.t.Helper()
-	recs, err := b.store.Stuck(context.Background(), idem.StuckParams{Limit: 10, Now: time.Now()})
+	recs, err := b.store.Stuck(context.Background(), idemstore.StuckParams{Limit: 10, Now: time.Now()})
 	if err != nil || len(recs) != 1 {
 		b.t.Fatalf("Stuck = %d records, %v; want 1", len(recs), err)
 	}
@@ -313,7 +314,7 @@ func TestProviderDeclineIsFinal(t *testing.T) {
 			// key is new again: the payment's row answers, not the
 			// provider.
 			scope := idem.Scope("anonymous", "POST /api/payments")
-			if err := b.store.(idem.Inspector).Delete(context.Background(), idem.DeleteParams{Scope: scope, Key: "declined-1", Now: time.Now()}); err != nil {
+			if err := b.store.(idemstore.Inspector).Delete(context.Background(), idemstore.DeleteParams{Scope: scope, Key: "declined-1", Now: time.Now()}); err != nil {
 				t.Fatal(err)
 			}
 			late := b.pay("declined-1", "order-1")
@@ -458,7 +459,7 @@ func TestProviderReconcileRoundAndHold(t *testing.T) {
 	if rr := b.reconcile(idem.ReconcileParams{MaxAttempts: 3}); rr.Found != 0 || fp.calls.Load() != calls {
 		t.Fatalf("after holding: %+v, %d more provider calls; want nothing", rr, fp.calls.Load()-calls)
 	}
-	held, err := b.store.Stuck(context.Background(), idem.StuckParams{Limit: 10, Held: true, Now: time.Now()})
+	held, err := b.store.Stuck(context.Background(), idemstore.StuckParams{Limit: 10, Held: true, Now: time.Now()})
 	if err != nil || len(held) != 1 {
 		t.Fatalf("held records = %d, %v; want 1", len(held), err)
 	}

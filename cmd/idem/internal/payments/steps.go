@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // StepPayment is a payment made through a provider (idem serve
@@ -363,7 +364,7 @@ func (s *ProviderService) Count(w http.ResponseWriter, r *http.Request) {
 
 // Resume is the reconciler's resume function for Executor.Reconcile: it
 // rebuilds the operation of a stuck payment from its recovery point.
-func (s *ProviderService) Resume(_ context.Context, rec idem.StuckRecord) (idem.Operation, error) {
+func (s *ProviderService) Resume(_ context.Context, rec idemstore.StuckRecord) (idem.Operation, error) {
 	steps, err := idem.ParseCheckpoint(rec.Checkpoint)
 	if err != nil {
 		return nil, err
