@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemconnect"
+	"github.com/idemhq/idem/idemstore"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -91,13 +92,13 @@ func TestClientGivesUp(t *testing.T) {
 
 // countingDown is a store that is down and counts the claims it refused.
 type countingDown struct {
-	idem.Store
+	idemstore.Store
 	claims atomic.Int64
 }
 
-func (s *countingDown) Claim(context.Context, idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *countingDown) Claim(context.Context, idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	s.claims.Add(1)
-	return idem.ClaimResult{}, errors.New("connection refused")
+	return idemstore.ClaimResult{}, errors.New("connection refused")
 }
 
 // A retry the call's deadline leaves no room for is not waited for: the

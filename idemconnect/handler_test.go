@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemconnect"
+	"github.com/idemhq/idem/idemstore"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -262,10 +263,10 @@ func TestReusedMissingAndInvalidKeys(t *testing.T) {
 }
 
 // downStore fails every claim, as an unreachable database does.
-type downStore struct{ idem.Store }
+type downStore struct{ idemstore.Store }
 
-func (downStore) Claim(context.Context, idem.ClaimParams) (idem.ClaimResult, error) {
-	return idem.ClaimResult{}, errors.New("connection refused")
+func (downStore) Claim(context.Context, idemstore.ClaimParams) (idemstore.ClaimResult, error) {
+	return idemstore.ClaimResult{}, errors.New("connection refused")
 }
 
 func TestStoreDownIsUnavailable(t *testing.T) {

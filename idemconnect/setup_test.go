@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemconnect"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/reflect/protodesc"
@@ -126,7 +127,7 @@ type bundle struct {
 	srv    *httptest.Server
 }
 
-func newStore(t *testing.T) idem.Store {
+func newStore(t *testing.T) idemstore.Store {
 	t.Helper()
 	s, err := memstore.New(nil)
 	if err != nil {
@@ -138,7 +139,7 @@ func newStore(t *testing.T) idem.Store {
 // setup serves the Orders procedures with the handler interceptor over
 // store on a real loopback server speaking HTTP/2 over TLS (gRPC needs
 // HTTP/2; Connect and gRPC-Web work over either).
-func setup(t *testing.T, store idem.Store, opts *idemconnect.HandlerOptions) *bundle {
+func setup(t *testing.T, store idemstore.Store, opts *idemconnect.HandlerOptions) *bundle {
 	t.Helper()
 	exec, err := idem.NewExecutor(store, &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -10,9 +10,11 @@
 //   - the stored response is the serialized reply message, or the call's
 //     status (code, message, details) for a deterministic error;
 //   - missing or invalid key: InvalidArgument; another call with the key
-//     still running: Aborted with a RetryInfo detail; the key reused for
-//     another method or request message: FailedPrecondition; store
-//     unavailable: Unavailable with a RetryInfo detail. Each of these
+//     still running: Aborted with a RetryInfo detail; the key reused on
+//     the same method with another request message: FailedPrecondition
+//     (records are scoped by tenant and method, so the same key on another
+//     method is another record); store unavailable: Unavailable with a
+//     RetryInfo detail. Each of these
 //     carries an ErrorInfo detail (domain "idem") whose reason is the idem
 //     problem code, such as "idempotency.key_reused".
 //

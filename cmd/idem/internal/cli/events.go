@@ -12,7 +12,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/events"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemhq/idem/idemnats"
 	"github.com/idemhq/idem/inbox"
-	"github.com/idemhq/idem/natsidem"
 	"github.com/idemhq/idem/outbox"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -198,8 +198,8 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 	}
 	var conn *Conn
 	p := &ensuring{
-		ensure: func(ctx context.Context) error { _, err := natsidem.EnsureStream(ctx, js, subject); return err },
-		pub:    natsidem.NewPublisher(js),
+		ensure: func(ctx context.Context) error { _, err := idemnats.EnsureStream(ctx, js, subject); return err },
+		pub:    idemnats.NewPublisher(js),
 	}
 	conn = &Conn{
 		Where:     redact(rawURL),
@@ -208,7 +208,7 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 		ping:      natsPing(nc, js, last),
 		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
 			ensure := func(ctx context.Context) (jetstream.Consumer, error) {
-				return natsidem.EnsureConsumerConfig(ctx, js, subject, &natsidem.ConsumerConfig{AckWait: conn.AckWait, StartFunc: cfg.StartFunc})
+				return idemnats.EnsureConsumerConfig(ctx, js, subject, &idemnats.ConsumerConfig{AckWait: conn.AckWait, StartFunc: cfg.StartFunc})
 			}
 			var cons jetstream.Consumer
 			for {
@@ -223,7 +223,7 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 					return nil
 				}
 			}
-			return natsidem.Consume(ctx, cons, in, h, &natsidem.ConsumeConfig{Logger: logger, OnHandled: cfg.OnHandled,
+			return idemnats.Consume(ctx, cons, in, h, &idemnats.ConsumeConfig{Logger: logger, OnHandled: cfg.OnHandled,
 				OnDropped: cfg.OnDropped, ConsumerFunc: ensure})
 		},
 	}
