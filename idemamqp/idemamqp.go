@@ -1,4 +1,4 @@
-// Package amqpidem connects idem's outbox and inbox to RabbitMQ (AMQP
+// Package idemamqp connects idem's outbox and inbox to RabbitMQ (AMQP
 // 0-9-1, github.com/rabbitmq/amqp091-go).
 //
 // Publisher is an outbox.Publisher: it publishes persistent messages with
@@ -59,16 +59,16 @@ func Declare(exchange, queue, key string) TopologyFunc {
 	return func(ch *amqp.Channel) error {
 		if exchange != "" {
 			if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-				return fmt.Errorf("amqpidem: declare exchange %s: %w", exchange, err)
+				return fmt.Errorf("idemamqp: declare exchange %s: %w", exchange, err)
 			}
 		}
 		if queue != "" {
 			if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-				return fmt.Errorf("amqpidem: declare queue %s: %w", queue, err)
+				return fmt.Errorf("idemamqp: declare queue %s: %w", queue, err)
 			}
 			if exchange != "" {
 				if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
-					return fmt.Errorf("amqpidem: bind queue %s: %w", queue, err)
+					return fmt.Errorf("idemamqp: bind queue %s: %w", queue, err)
 				}
 			}
 		}
@@ -106,7 +106,7 @@ var _ outbox.Publisher = (*Publisher)(nil)
 // publishes, and again after the connection is lost.
 func NewPublisher(dial DialFunc, cfg PublisherConfig) (*Publisher, error) {
 	if dial == nil || cfg.Exchange == "" {
-		return nil, errors.New("amqpidem: NewPublisher needs a dial function and an exchange")
+		return nil, errors.New("idemamqp: NewPublisher needs a dial function and an exchange")
 	}
 	return &Publisher{dial: dial, cfg: cfg}, nil
 }
@@ -123,7 +123,7 @@ func (p *Publisher) channel(ctx context.Context) (*amqp.Channel, error) {
 	p.reset()
 	conn, err := p.dial(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("amqpidem: connect: %w", err)
+		return nil, fmt.Errorf("idemamqp: connect: %w", err)
 	}
 	ch, err := conn.Channel()
 	if err == nil && p.cfg.Topology != nil {
@@ -134,7 +134,7 @@ func (p *Publisher) channel(ctx context.Context) (*amqp.Channel, error) {
 	}
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("amqpidem: open channel: %w", err)
+		return nil, fmt.Errorf("idemamqp: open channel: %w", err)
 	}
 	p.conn, p.ch = conn, ch
 	p.returns = ch.NotifyReturn(make(chan amqp.Return, maxBatch))
@@ -170,7 +170,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		return errs
 	}
 	if len(msgs) > maxBatch {
-		return fail(0, fmt.Errorf("amqpidem: more than %d messages in one call", maxBatch))
+		return fail(0, fmt.Errorf("idemamqp: more than %d messages in one call", maxBatch))
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -192,7 +192,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, m.Topic, true, false, pub)
 		if err != nil {
 			p.reset()
-			return fail(i, fmt.Errorf("amqpidem: publish: %w", err))
+			return fail(i, fmt.Errorf("idemamqp: publish: %w", err))
 		}
 		confirms[i] = dc
 	}
@@ -202,9 +202,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		switch {
 		case err != nil:
 			p.reset() // the confirmation may never come on this channel
-			return fail(i, fmt.Errorf("amqpidem: no confirmation: %w", err))
+			return fail(i, fmt.Errorf("idemamqp: no confirmation: %w", err))
 		case !ok:
-			errs[i], failed = errors.New("amqpidem: the broker refused the message (nack)"), true
+			errs[i], failed = errors.New("idemamqp: the broker refused the message (nack)"), true
 		}
 	}
 	// Returns precede their confirmations on the wire, so every return of
@@ -215,7 +215,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	}
 	for i, m := range msgs {
 		if code, ok := returned[m.ID]; ok && errs[i] == nil {
-			errs[i], failed = fmt.Errorf("amqpidem: unroutable: no queue takes routing key %q on exchange %s (reply %d)", m.Topic, p.cfg.Exchange, code), true
+			errs[i], failed = fmt.Errorf("idemamqp: unroutable: no queue takes routing key %q on exchange %s (reply %d)", m.Topic, p.cfg.Exchange, code), true
 		}
 	}
 	if len(returned) > 0 && p.cfg.Topology != nil {
@@ -305,7 +305,7 @@ func Consume(ctx context.Context, dial DialFunc, queue string, in *inbox.Inbox, 
 		if delivered {
 			backoff = firstBackoff
 		}
-		c.Logger.Warn("amqpidem: consumer disconnected; reconnecting", "queue", queue, "error", err, "in", backoff)
+		c.Logger.Warn("idemamqp: consumer disconnected; reconnecting", "queue", queue, "error", err, "in", backoff)
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
@@ -355,10 +355,10 @@ func consumeOnce(ctx context.Context, dial DialFunc, queue string, in *inbox.Inb
 			if !ok {
 				select {
 				case <-cancelled:
-					return delivered, fmt.Errorf("amqpidem: the broker cancelled the consumer of queue %s (deleted?)", queue)
+					return delivered, fmt.Errorf("idemamqp: the broker cancelled the consumer of queue %s (deleted?)", queue)
 				default:
 				}
-				return delivered, errors.New("amqpidem: delivery channel closed")
+				return delivered, errors.New("idemamqp: delivery channel closed")
 			}
 			delivered = true
 			handle(ctx, d, in, h, c)
@@ -393,23 +393,23 @@ func handle(ctx context.Context, d amqp.Delivery, in *inbox.Inbox, h inbox.Handl
 	case inbox.Ack:
 		if err := d.Ack(false); err != nil {
 			// Requeued when the channel closes; then a replay.
-			c.Logger.Warn("amqpidem: ack failed", "error", err)
+			c.Logger.Warn("idemamqp: ack failed", "error", err)
 		}
 		if c.OnHandled != nil {
 			c.OnHandled(!replayed)
 		}
 	case inbox.Drop:
-		c.Logger.Error("amqpidem: rejecting a message that can never be handled", "routing_key", m.Topic,
+		c.Logger.Error("idemamqp: rejecting a message that can never be handled", "routing_key", m.Topic,
 			"message_id", loggedID(m.ID), "error", err)
 		if rerr := d.Reject(false); rerr != nil {
-			c.Logger.Warn("amqpidem: reject failed; the message will be delivered again", "error", rerr)
+			c.Logger.Warn("idemamqp: reject failed; the message will be delivered again", "error", rerr)
 		}
 		if c.OnDropped != nil {
 			c.OnDropped(m, err)
 		}
 	default:
 		if ctx.Err() == nil {
-			c.Logger.Warn("amqpidem: handling failed; the message will be redelivered", "routing_key", m.Topic, "error", err)
+			c.Logger.Warn("idemamqp: handling failed; the message will be redelivered", "routing_key", m.Topic, "error", err)
 			t := time.NewTimer(c.RetryDelay)
 			select {
 			case <-ctx.Done():

@@ -1,4 +1,4 @@
-// Package natsidem connects idem's outbox and inbox to NATS JetStream
+// Package idemnats connects idem's outbox and inbox to NATS JetStream
 // (github.com/nats-io/nats.go/jetstream).
 //
 // Publisher is an outbox.Publisher: it publishes each message with its id
@@ -70,7 +70,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		case err := <-f.Err():
 			errs[i], failed = err, true
 		case <-ctx.Done():
-			errs[i], failed = fmt.Errorf("natsidem: no acknowledgement: %w", context.Cause(ctx)), true
+			errs[i], failed = fmt.Errorf("idemnats: no acknowledgement: %w", context.Cause(ctx)), true
 		}
 	}
 	if !failed {
@@ -112,14 +112,14 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, subject string) (
 		return s, nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("natsidem: stream %s: %w", name, err)
+		return nil, fmt.Errorf("idemnats: stream %s: %w", name, err)
 	}
 	s, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{filter}, Storage: jetstream.FileStorage})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		s, err = js.Stream(ctx, name) // created meanwhile by another process
 	}
 	if err != nil {
-		return nil, fmt.Errorf("natsidem: create stream %s for %s: %w", name, filter, err)
+		return nil, fmt.Errorf("idemnats: create stream %s for %s: %w", name, filter, err)
 	}
 	return s, nil
 }
@@ -190,11 +190,11 @@ func EnsureConsumerConfig(ctx context.Context, js jetstream.JetStream, subject s
 			return cons, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("natsidem: update consumer %s: %w", name, err)
+			return nil, fmt.Errorf("idemnats: update consumer %s: %w", name, err)
 		}
 		return updated, nil
 	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return nil, fmt.Errorf("natsidem: consumer %s: %w", name, err)
+		return nil, fmt.Errorf("idemnats: consumer %s: %w", name, err)
 	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       name,
@@ -206,7 +206,7 @@ func EnsureConsumerConfig(ctx context.Context, js jetstream.JetStream, subject s
 	if c.StartFunc != nil {
 		start, err := c.StartFunc(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("natsidem: consumer %s: where to start: %w", name, err)
+			return nil, fmt.Errorf("idemnats: consumer %s: where to start: %w", name, err)
 		}
 		if !start.IsZero() {
 			cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
@@ -217,7 +217,7 @@ func EnsureConsumerConfig(ctx context.Context, js jetstream.JetStream, subject s
 		cons, err = s.Consumer(ctx, name) // created meanwhile by another process
 	}
 	if err != nil {
-		return nil, fmt.Errorf("natsidem: create consumer %s: %w", name, err)
+		return nil, fmt.Errorf("idemnats: create consumer %s: %w", name, err)
 	}
 	return cons, nil
 }
@@ -266,7 +266,7 @@ type ConsumeConfig struct {
 
 // errConsumerGone reports that the consumer being consumed was deleted or
 // is unknown to the server.
-var errConsumerGone = errors.New("natsidem: the consumer is gone")
+var errConsumerGone = errors.New("idemnats: the consumer is gone")
 
 // Consume processes cons's messages through in with h until ctx ends, then
 // returns nil (or the error that stopped it). Each message is
@@ -302,11 +302,11 @@ func Consume(ctx context.Context, cons jetstream.Consumer, in *inbox.Inbox, h in
 		if !errors.Is(err, errConsumerGone) || c.ConsumerFunc == nil {
 			return err
 		}
-		c.Logger.Warn("natsidem: the consumer is gone; creating it again", "error", err)
+		c.Logger.Warn("idemnats: the consumer is gone; creating it again", "error", err)
 		if cons = recreate(ctx, &c); cons == nil {
 			return nil // ctx ended
 		}
-		c.Logger.Info("natsidem: consumer created again; consuming", "consumer", consumerName(cons))
+		c.Logger.Info("idemnats: consumer created again; consuming", "consumer", consumerName(cons))
 	}
 }
 
@@ -316,7 +316,7 @@ func Consume(ctx context.Context, cons jetstream.Consumer, in *inbox.Inbox, h in
 func consumeUntilGone(ctx context.Context, cons jetstream.Consumer, in *inbox.Inbox, h inbox.Handler, c *ConsumeConfig) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(c.Prefetch), jetstream.PullExpiry(c.PullExpiry))
 	if err != nil {
-		return fmt.Errorf("natsidem: consume: %w", err)
+		return fmt.Errorf("idemnats: consume: %w", err)
 	}
 	defer it.Stop()
 	for {
@@ -333,7 +333,7 @@ func consumeUntilGone(ctx context.Context, cons jetstream.Consumer, in *inbox.In
 			// Closed by the client after a terminal status (a deleted
 			// consumer, a bad request), or with the connection.
 			if errors.Is(err, jetstream.ErrConnectionClosed) {
-				return fmt.Errorf("natsidem: consume: %w", err)
+				return fmt.Errorf("idemnats: consume: %w", err)
 			}
 			return fmt.Errorf("%w: %w", errConsumerGone, err)
 		case errors.Is(err, jetstream.ErrNoHeartbeat):
@@ -344,7 +344,7 @@ func consumeUntilGone(ctx context.Context, cons jetstream.Consumer, in *inbox.In
 				return fmt.Errorf("%w: %w", errConsumerGone, gone)
 			}
 		}
-		c.Logger.Warn("natsidem: fetching messages failed", "error", err)
+		c.Logger.Warn("idemnats: fetching messages failed", "error", err)
 	}
 }
 
@@ -376,7 +376,7 @@ func recreate(ctx context.Context, c *ConsumeConfig) jetstream.Consumer {
 		if ctx.Err() != nil {
 			return nil
 		}
-		c.Logger.Warn("natsidem: cannot create the consumer yet; retrying", "error", err, "in", backoff)
+		c.Logger.Warn("idemnats: cannot create the consumer yet; retrying", "error", err, "in", backoff)
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
@@ -426,25 +426,25 @@ func handle(ctx context.Context, msg jetstream.Msg, in *inbox.Inbox, h inbox.Han
 		if err := msg.Ack(); err != nil {
 			// The message is redelivered after AckWait and then
 			// acknowledged as a replay.
-			c.Logger.Warn("natsidem: ack failed", "error", err)
+			c.Logger.Warn("idemnats: ack failed", "error", err)
 		}
 		if c.OnHandled != nil {
 			c.OnHandled(!replayed)
 		}
 	case inbox.Drop:
-		c.Logger.Error("natsidem: dropping a message that can never be handled", "subject", m.Topic,
+		c.Logger.Error("idemnats: dropping a message that can never be handled", "subject", m.Topic,
 			"message_id", loggedID(m.ID), "error", err)
 		// A plain +TERM: nats-server 2.9 does not know "+TERM reason"
 		// and would deliver the message again after AckWait.
 		if terr := msg.Term(); terr != nil {
-			c.Logger.Warn("natsidem: terminating the message failed; it will be delivered again", "error", terr)
+			c.Logger.Warn("idemnats: terminating the message failed; it will be delivered again", "error", terr)
 		}
 		if c.OnDropped != nil {
 			c.OnDropped(m, err)
 		}
 	default:
 		if ctx.Err() == nil {
-			c.Logger.Warn("natsidem: handling failed; the message will be redelivered", "subject", m.Topic, "error", err)
+			c.Logger.Warn("idemnats: handling failed; the message will be redelivered", "subject", m.Topic, "error", err)
 		}
 		_ = msg.NakWithDelay(c.RetryDelay)
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 )
 
-// printer is a Publisher that prints what it publishes (use natsidem or
-// amqpidem in a real program).
+// printer is a Publisher that prints what it publishes (use idemnats or
+// idemamqp in a real program).
 type printer struct{}
 
 func (printer) Publish(_ context.Context, msgs []outbox.Message) []error {
