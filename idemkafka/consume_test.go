@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -409,5 +410,56 @@ func TestMessage(t *testing.T) {
 	back := idemkafka.Message(idemkafka.Record(outbox.Message{ID: "x", Topic: "t", Payload: []byte("p"), Headers: map[string]string{"H": "h"}}))
 	if back.ID != "x" || back.Headers["H"] != "h" || string(back.Payload) != "p" {
 		t.Errorf("round trip %+v", back)
+	}
+}
+
+// The cluster stopped and started again on the same port with its data
+// directory (a broker restart): the publisher and the consumer reconnect
+// and rejoin on their own, the later records are booked, and none twice.
+func TestConsumeAcrossBrokerRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	first, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DataDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(first.Close)
+	_, port, _ := strings.Cut(first.ListenAddrs()[0], ":")
+	ctx := ctxT(t)
+	cl := client(t, first)
+	createTopic(t, cl, "events", 2)
+	p, err := idemkafka.NewPublisher(cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLedger(t, "events")
+	k := startConsumer(t, first, "g", "events", l, nil)
+	publish(t, ctx, p, messages("events", "a", 5)...)
+	k.collect(t, ctx, 5)
+	first.Close()
+
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := cluster(t, kfake.DataDir(dir), kfake.Ports(n))
+	// Publish until the restarted broker takes the records.
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		errs := p.Publish(pctx, messages("events", "b", 5))
+		cancel()
+		if errs == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("publish after the restart: %v", errs)
+		}
+	}
+	waitCommitted(t, ctx, second, "g", "events")
+	if err := k.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if rows, distinct := l.counts(t); rows != 10 || distinct != 10 {
+		t.Errorf("%d rows (%d distinct), want 10", rows, distinct)
 	}
 }

@@ -30,6 +30,7 @@ func dialAMQP(_ context.Context, rawURL, subject string, logger *slog.Logger) (*
 	}
 	return &Conn{
 		Where:     redact(rawURL),
+		Topic:     subject,
 		Publisher: pub,
 		close:     func() { _ = pub.Close() },
 		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
