@@ -107,8 +107,8 @@ var errCrashed = errors.New("idemkafka: crashed by a test hook")
 
 // Consume runs the consumer group g, handling each record through in with
 // h, until ctx ends; it then commits what it booked, leaves the group and
-// returns nil. It returns an error when the client cannot be created or
-// is closed under it.
+// returns nil. It returns an error when the arguments are invalid,
+// StartFunc fails, or the client cannot be created.
 //
 // A record's message id is its MessageIDHeader header, or, for a record
 // produced without one, "kafka:TOPIC:PARTITION:OFFSET" (stable across
@@ -346,7 +346,7 @@ func (s *session) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if fs.IsClientClosed() {
+		if fs.IsClientClosed() { // only Consume closes it: not expected
 			return errors.New("idemkafka: consume: the client was closed")
 		}
 		failed := false
