@@ -10,7 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/cmd/idem/internal/events"
+	"github.com/idemhq/idem/idemkafka"
+	"github.com/idemhq/idem/outbox"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -134,5 +138,38 @@ func TestEventsKafkaBrokerOutage(t *testing.T) {
 	})
 	if n, err := ledgerCount(cons); err != nil || n != during+1 {
 		t.Errorf("ledger count %d (%v), want %d", n, err, during+1)
+	}
+}
+
+// Every class of invalid event, produced straight to Kafka (one key, so
+// one partition, in order): each is logged with its message id and why,
+// counted, skipped with its offset committed, and never booked; an id
+// reused with another payload (Kafka has no publisher-side window) is
+// refused too.
+func TestConsumeRefusesInvalidEventsKafka(t *testing.T) {
+	t.Parallel()
+	kf := newKafka(t)
+	ctx := testContext(t)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kf.c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := idemkafka.EnsureTopic(ctx, cl, kf.subject, &idemkafka.TopicConfig{Partitions: 4}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(id string, payload []byte) {
+		t.Helper()
+		r := idemkafka.Record(outbox.Message{ID: id, Topic: kf.subject, Key: "one-partition", Payload: payload})
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons := testRefusesInvalidEvents(t, kf.URL(), kf.subject, publish, func(validID string) {
+		publish(validID, eventPayload(strings.TrimPrefix(validID, events.TypePaymentCreated+":"), map[string]string{"amountCents": "1"}))
+	})
+	eventually(t, 30*time.Second, 50*time.Millisecond, "every offset committed", func() (bool, error) { return kf.Settled(ctx) })
+	if n := cons.mustMetric(t, `idem_consume_refused_total{reason="reused_id"}`); n != 1 {
+		t.Errorf("refused with a reused id: %v, want 1", n)
 	}
 }
