@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -21,11 +22,11 @@ import (
 func BenchmarkEncryption(b *testing.B) {
 	modes := []struct {
 		name string
-		enc  *idem.Encryption
+		enc  *idemcrypt.Encryption
 	}{
 		{"off", nil},
 		{"aes", newEncryption(b, nil, "1")},
-		{"aes+hash", newEncryption(b, &idem.EncryptionConfig{HashKey: testKey("hash")}, "1")},
+		{"aes+hash", newEncryption(b, &idemcrypt.Config{HashKey: testKey("hash")}, "1")},
 	}
 	for _, m := range modes {
 		b.Run(m.name, func(b *testing.B) { benchEncryptionMode(b, m.enc) })
@@ -35,7 +36,7 @@ func BenchmarkEncryption(b *testing.B) {
 // benchEncryptionMode sets up one mode's store and middleware, so that a
 // mode's records are garbage once it is done and never weigh on the next
 // mode's collections.
-func benchEncryptionMode(b *testing.B, enc *idem.Encryption) {
+func benchEncryptionMode(b *testing.B, enc *idemcrypt.Encryption) {
 	{
 		// The first-execution path in a steady state, as in
 		// BenchmarkMiddleware but smaller, to keep the set-up of three
@@ -100,6 +101,34 @@ func BenchmarkSealOpen(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := enc.Open(ctx, "8:tenant-1|POST /api/payments", "key", sealed); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkSealOpenCheckpoint measures the envelope of one recovery point
+// of idem serve --provider's size (a payment step and a charge step, about
+// 460 bytes): paid once per saved step and once per take-over.
+func BenchmarkSealOpenCheckpoint(b *testing.B) {
+	enc := newEncryption(b, nil, "1")
+	ctx := context.Background()
+	cp := bytes.Repeat([]byte("x"), 460)
+	cp[0] = '{'
+	const scope, fp = "8:tenant-1|POST /api/payments", "v1:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	b.Run("seal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := enc.SealCheckpoint(ctx, scope, "key", fp, cp); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	sealed, _ := enc.SealCheckpoint(ctx, scope, "key", fp, cp)
+	b.Run("open", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := enc.OpenCheckpoint(ctx, scope, "key", fp, sealed); err != nil {
 				b.Fatal(err)
 			}
 		}

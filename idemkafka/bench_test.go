@@ -10,8 +10,8 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemkafka"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 )
 
 // fillOutbox adds n messages of 200 bytes to a fresh SQLite outbox, 100

@@ -4,8 +4,6 @@ go 1.26.0
 
 require (
 	github.com/idemhq/idem v0.2.0
-	github.com/idemhq/idem/outbox v0.2.0
-	github.com/idemhq/idem/sqliteoutbox v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c

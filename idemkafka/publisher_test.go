@@ -12,8 +12,8 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemkafka"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqliteoutbox"
 	"github.com/idemhq/idem/sqlitestore"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )

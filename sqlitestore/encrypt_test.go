@@ -7,14 +7,14 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/idemhq/idem/storetest"
 )
 
 func TestConformanceEncrypted(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
-		NewStore: func(t *testing.T) idem.Store {
+		NewStore: func(t *testing.T) idemstore.Store {
 			s, _ := open(t)
 			return s
 		},
@@ -25,7 +25,7 @@ func TestConformanceEncrypted(t *testing.T) {
 
 func TestEncryptionAtRest(t *testing.T) {
 	storetest.RunAtRest(t, storetest.AtRestHarness{
-		NewStore: func(t *testing.T) (idem.Store, storetest.Raw) {
+		NewStore: func(t *testing.T) (idemstore.Store, storetest.Raw) {
 			s, path := open(t)
 			return s, sqliteRaw{db: s.DB(), path: path}
 		},
@@ -79,5 +79,32 @@ func (r sqliteRaw) SetResponse(t *testing.T, scope, key string, b []byte) {
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
 		t.Fatalf("SetResponse updated %d rows", n)
+	}
+}
+
+// Checkpoint and SetCheckpoint implement storetest.RawCheckpoints.
+func (r sqliteRaw) Checkpoint(t *testing.T, scope, key string) []byte {
+	t.Helper()
+	var b []byte
+	err := r.db.QueryRowContext(context.Background(),
+		`SELECT checkpoint FROM `+sqlitestore.DefaultTable+` WHERE scope = ? AND key = ?`, scope, key).Scan(&b)
+	if err == sql.ErrNoRows {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (r sqliteRaw) SetCheckpoint(t *testing.T, scope, key string, b []byte) {
+	t.Helper()
+	res, err := r.db.ExecContext(context.Background(),
+		`UPDATE `+sqlitestore.DefaultTable+` SET checkpoint = ? WHERE scope = ? AND key = ?`, b, scope, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		t.Fatalf("SetCheckpoint updated %d rows", n)
 	}
 }

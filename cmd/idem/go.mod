@@ -2,15 +2,14 @@ module github.com/idemhq/idem/cmd/idem
 
 go 1.26.0
 
+toolchain go1.27.3
+
 require (
 	github.com/bojanz/currency v1.5.1
 	github.com/idemhq/idem v0.2.0
-	github.com/idemhq/idem/amqpidem v0.2.0
+	github.com/idemhq/idem/idemamqp v0.2.0
+	github.com/idemhq/idem/idemnats v0.2.0
 	github.com/idemhq/idem/idemotel v0.2.0
-	github.com/idemhq/idem/natsidem v0.2.0
-	github.com/idemhq/idem/outbox v0.2.0
-	github.com/idemhq/idem/pgoutbox v0.2.0
-	github.com/idemhq/idem/sqliteoutbox v0.2.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/twmb/franz-go v1.22.3

@@ -235,6 +235,8 @@ type tcpProxy struct {
 	heldc chan struct{} // closed and replaced whenever held grows
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup // the accept loop and the copying goroutines
+
+	accepted int // connections accepted so far (under mu)
 }
 
 // newTCPProxy listens on a free port of 127.0.0.1 and forwards to target
@@ -263,6 +265,7 @@ func (p *tcpProxy) accept() {
 			return // closed
 		}
 		p.mu.Lock()
+		p.accepted++
 		down, frozen := p.down, p.thaw != nil
 		if frozen {
 			// A frozen server accepts (the kernel would) and never
@@ -396,6 +399,13 @@ func (p *tcpProxy) heldCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.held
+}
+
+// acceptedCount returns how many connections the proxy accepted so far.
+func (p *tcpProxy) acceptedCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
 }
 
 // restore forwards new connections again.

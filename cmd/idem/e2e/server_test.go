@@ -58,6 +58,16 @@ func startCommand(t *testing.T, name, command string, args ...string) *server {
 func startIdem(t *testing.T, name string, env []string, args ...string) *server {
 	t.Helper()
 	began := time.Now()
+	s := spawnIdem(t, name, env, args...)
+	s.awaitListening(t, began)
+	return s
+}
+
+// spawnIdem starts the process as startIdem does, without waiting for it
+// to listen (awaitListening does), so that a test can start several at
+// the same moment.
+func spawnIdem(t *testing.T, name string, env []string, args ...string) *server {
+	t.Helper()
 	s := &server{name: name, log: newServerLog(), exited: make(chan struct{})}
 	s.cmd = exec.Command(binary(t), args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
@@ -77,7 +87,15 @@ func startIdem(t *testing.T, name string, env []string, args ...string) *server 
 		close(s.exited)
 	}()
 	t.Cleanup(func() { s.cleanup(t) })
+	return s
+}
 
+// awaitListening waits until the process logs the address it listens on
+// (failing the test if it exits first or takes longer than startTimeout),
+// and sets s.addr and s.url.
+func (s *server) awaitListening(t *testing.T, began time.Time) {
+	t.Helper()
+	name := s.name
 	timer := time.NewTimer(startTimeout)
 	defer timer.Stop()
 	select {
@@ -89,7 +107,6 @@ func startIdem(t *testing.T, name string, env []string, args ...string) *server 
 	}
 	s.url = "http://" + s.addr
 	t.Logf("%s listening on %s after %v", name, s.addr, time.Since(began).Round(time.Millisecond))
-	return s
 }
 
 // cleanup stops the process and reports what it logged if the test

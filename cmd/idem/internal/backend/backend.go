@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/redisstore"
@@ -105,12 +105,12 @@ func normalise(spec string) string {
 }
 
 // Store is an opened records store and what else its backend offers.
-// Records is the idem.Store to hand to idem (the middleware, an executor):
+// Records is the idemstore.Store to hand to idem (the middleware, an executor):
 // Store itself deliberately is not one, because a wrapper would hide the
-// optional capabilities (idem.TxStore, idem.Watcher) the store's own type
+// optional capabilities (idemstore.TxStore, idemstore.Watcher) the store's own type
 // carries.
 type Store struct {
-	Records idem.Store
+	Records idemstore.Store
 	Kind    Kind
 	// Where describes the location without credentials, for logs.
 	Where string
@@ -119,7 +119,12 @@ type Store struct {
 	SQLite *sqlitestore.Store
 	PG     *pgxpool.Pool
 	// Ping checks the backend is reachable.
-	Ping  func(ctx context.Context) error
+	Ping func(ctx context.Context) error
+	// Ready checks that the backend answers a request, for /readyz: a
+	// round trip to PostgreSQL or Redis (to every master of a Redis
+	// Cluster, whose keys are all needed), a read of a SQLite file's
+	// schema; memory is always ready. It returns by ctx's deadline.
+	Ready func(ctx context.Context) error
 	close func() error
 }
 
@@ -232,8 +237,9 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 			pool.Close()
 			return nil, fmt.Errorf("postgres %s: %w", redact(spec), err)
 		}
+		ping := func(ctx context.Context) error { return pool.Ping(ctx) }
 		return &Store{Records: s, Kind: Postgres, Where: "PostgreSQL " + redact(spec), PG: pool,
-			Ping:  func(ctx context.Context) error { return pool.Ping(ctx) },
+			Ping: ping, Ready: ping,
 			close: func() error { pool.Close(); return nil }}, nil
 	case Redis:
 		// prefix=TEXT (stripped before the URL reaches go-redis) starts
@@ -273,8 +279,9 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 			client.Close()
 			return nil, fmt.Errorf("redis: %w", err)
 		}
+		ping := func(ctx context.Context) error { return client.Ping(ctx).Err() }
 		return &Store{Records: s, Kind: Redis, Where: "Redis " + redact(spec),
-			Ping:  func(ctx context.Context) error { return client.Ping(ctx).Err() },
+			Ping: ping, Ready: ping,
 			close: client.Close}, nil
 	case RedisCluster:
 		return openRedisCluster(ctx, spec)
@@ -283,8 +290,8 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 		if err != nil {
 			return nil, err
 		}
-		return &Store{Records: s, Kind: Memory, Where: "memory (this process only)",
-			Ping: func(context.Context) error { return nil }}, nil
+		ok := func(context.Context) error { return nil }
+		return &Store{Records: s, Kind: Memory, Where: "memory (this process only)", Ping: ok, Ready: ok}, nil
 	}
 	abs, err := filepath.Abs(spec)
 	if err != nil {
@@ -296,7 +303,18 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 	}
 	return &Store{Records: s, Kind: SQLite, Where: "SQLite file " + abs, SQLite: s,
 		Ping:  func(ctx context.Context) error { return s.ReadDB().PingContext(ctx) },
+		Ready: SQLiteReady(s),
 		close: s.Close}, nil
+}
+
+// SQLiteReady returns a readiness check of a SQLite store: a read of the
+// file's schema through a reader connection, which a ping (a pooled
+// connection, no file access) is not.
+func SQLiteReady(s *sqlitestore.Store) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		var n int
+		return s.ReadDB().QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema`).Scan(&n)
+	}
 }
 
 // redisTimeout bounds each Redis dial, read and write unless the URL sets

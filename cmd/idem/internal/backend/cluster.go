@@ -99,5 +99,18 @@ func openRedisCluster(ctx context.Context, spec string) (*Store, error) {
 	}
 	return &Store{Records: s, Kind: RedisCluster, Where: "Redis Cluster " + redact(spec),
 		Ping:  func(ctx context.Context) error { return client.Ping(ctx).Err() },
+		Ready: func(ctx context.Context) error { return clusterReady(ctx, client) },
 		close: client.Close}, nil
+}
+
+// clusterReady pings every master the client knows (one goroutine each,
+// ended by ctx): a cluster with one master down answers some keys and not
+// others, which is not ready. A failure names the node.
+func clusterReady(ctx context.Context, client *redis.ClusterClient) error {
+	return client.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		if err := node.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("master %s: %w", node.Options().Addr, err)
+		}
+		return nil
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/events"
 	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/sqlitestore"
@@ -27,7 +28,8 @@ the broker, never booked. When the broker loses the stream and consumer
 again and goes on.
 
 Endpoints: GET /ledger/count ({"count":N}), GET /ledger?payment=ID
-({"entries":[...]}), GET /healthz, GET /metrics (Prometheus).`
+({"entries":[...]}), GET /healthz, GET /readyz (the ledger file and the broker
+answer within 1s, as JSON), GET /metrics (Prometheus).`
 
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("consume", consumeAbout, stdout, stderr)
@@ -101,12 +103,15 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	defer conn.Close()
 	conn.AckWait = *ackWait
+	logBrokerAtStart(ctx, logger, conn, "consuming starts when it answers")
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ledger/count", ledger.Count)
 	mux.HandleFunc("GET /ledger", ledger.List)
 	m := newConsumeMetrics()
 	mux.Handle("GET /metrics", m.handler())
+	mux.Handle("GET /readyz", newReadiness(logger, []string{*brokerURL},
+		&readyCheck{name: "store", kind: string(backend.SQLite), probe: backend.SQLiteReady(store)}, brokerCheck(conn, *brokerURL)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		pctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()

@@ -12,7 +12,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/events"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -61,6 +61,8 @@ type eventsRun struct {
 	notify func()
 	// collectors report the dispatcher on /metrics.
 	collectors []prometheus.Collector
+	// checks are the broker's readiness check (none without --events).
+	checks []*readyCheck
 }
 
 // after wraps next so that the dispatcher is woken once a request is
@@ -114,6 +116,7 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string,
 		defer conn.Close()
 		_ = d.Run(ctx)
 	}()
+	logBrokerAtStart(ctx, logger, conn, "payments are taken, and their events wait in the outbox until it answers")
 	logger.Info("publishing payment events", "broker", conn.Where, "subject", conn.Topic)
 	subject := conn.Topic
 	hook := func(ctx context.Context, p payments.Payment, tenant string) error {
@@ -127,7 +130,8 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string,
 		}
 		return nil
 	}
-	return eventsRun{hook: hook, wait: func() { <-done }, notify: d.Notify, collectors: eventsCollectors(d, ob)}, nil
+	return eventsRun{hook: hook, wait: func() { <-done }, notify: d.Notify, collectors: eventsCollectors(d, ob),
+		checks: []*readyCheck{brokerCheck(conn, *ef.url)}}, nil
 }
 
 // eventsCollectors are the dispatcher's metrics: what it published, what

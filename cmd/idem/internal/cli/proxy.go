@@ -31,13 +31,20 @@ protected request without it gets 400 proxy.scope_missing, since it cannot
 be told apart from another client's. --scope-header none puts every client
 in one key space.
 
+A request whose body length could be read two ways (Content-Length with
+Transfer-Encoding, and the other means of request smuggling) is refused with
+400 proxy.bad_framing and its connection closed; nothing of it is forwarded.
+Protected requests ask the upstream for an uncompressed answer, so that a
+replay is readable by any retry.
+
 --config FILE (YAML) sets per-route rules (key required/optional/off, TTL,
 lease, outcome policy, scope, limits, wait); --check-config FILE validates a
 file and exits. See docs/proxy.md.
 
 The proxy answers GET /healthz (the store is reachable; the upstream is not
-checked) and GET /metrics (Prometheus) itself, unless --admin-addr moves them
-to their own listener; every other request is forwarded.`
+checked), GET /readyz (the store answers within 1s, as JSON) and GET /metrics
+(Prometheus) itself, unless --admin-addr moves them to their own listener;
+every other request is forwarded.`
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("proxy", proxyAbout, stdout, stderr)
@@ -51,7 +58,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a record and its response are kept; retries within it replay")
 	upstreamTimeout := f.Duration("upstream-timeout", proxy.DefaultUpstreamTimeout, "how long the upstream may take to answer (the whole exchange for\nprotected requests, the response header for others); then 504 and\nthe key is released")
 	scopeHeader := f.String("scope-header", proxy.DefaultScopeHeader, "request header whose SHA-256 scopes records (one client's keys\nnever meet another's; a protected request without it gets 400\nproxy.scope_missing); none: one key space for every client")
-	encKeys := f.encryptionFlag()
+	encFlags := f.encryptionFlags()
 	maxRequest := proxy.SizeFlag(idem.DefaultMaxRequestBody)
 	f.Var(&maxRequest, "max-request-body", "largest body of a protected request (413 above it); units KiB, MiB,\nKB, MB...")
 	maxResponse := proxy.SizeFlag(idem.DefaultMaxResponseBody)
@@ -112,10 +119,10 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 
-	enc, encAttr, err := loadEncryption(*encKeys)
+	enc, encAttr, err := encFlags.load(logger, longestTTL(*ttl, file))
 	if err != nil {
-		fmt.Fprintf(stderr, "idem proxy: --encryption-keys: %v\n", err)
-		return exitError
+		fmt.Fprintf(stderr, "idem proxy: %v\n", err)
+		return exitCodeOf(err)
 	}
 
 	store, err := backend.Open(ctx, *storeSpec)
@@ -145,11 +152,12 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	admin := http.NewServeMux()
 	admin.Handle("GET /healthz", health(store))
+	admin.Handle("GET /readyz", newReadiness(logger, []string{*storeSpec}, storeCheck("store", store)))
 	admin.Handle("GET /metrics", m.Handler())
 	var handler http.Handler = px
 	if *adminAddr == "" {
 		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && (r.URL.Path == "/healthz" || r.URL.Path == "/metrics") {
+			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && (r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/metrics") {
 				admin.ServeHTTP(w, r)
 				return
 			}
@@ -168,14 +176,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitError
 	}
 	var adminLn net.Listener
-	adminWhere := "/healthz and /metrics on the proxy's address (not forwarded)"
+	adminWhere := "/healthz, /readyz and /metrics on the proxy's address (not forwarded)"
 	if *adminAddr != "" {
 		if adminLn, err = net.Listen("tcp", *adminAddr); err != nil {
 			ln.Close()
 			logger.Error("cannot listen", "admin_addr", *adminAddr, "error", err)
 			return exitError
 		}
-		adminWhere = "/healthz and /metrics on " + adminLn.Addr().String()
+		adminWhere = "/healthz, /readyz and /metrics on " + adminLn.Addr().String()
 	}
 	routes := 0
 	if file != nil {
@@ -211,7 +219,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	} else {
 		adminErr <- nil
 	}
-	err = serveHTTP(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime(), *sf.shutdown)
+	// Requests whose length could be read two ways are refused on the
+	// connection, before net/http settles them its own way (request
+	// smuggling; see proxy.GuardFraming).
+	guard := func(srv *http.Server, ln net.Listener) net.Listener { return proxy.GuardFraming(srv, ln, logger) }
+	err = serveHTTPWith(sctx, ln, accessLog(logger, *sf.accessLog, tel.handler(handler, "idem proxy")), logger, px.MaxHandlerTime(), *sf.shutdown, guard)
 	stop()
 	err = errors.Join(err, <-adminErr)
 	if err != nil {
@@ -245,11 +257,23 @@ func checkProxyConfig(path string, base proxy.Settings, stdout, stderr io.Writer
 			key += " " + strings.Join(s.Methods, ",")
 		}
 		scope := cmp.Or(s.ScopeHeader, proxy.NoScope)
-		fmt.Fprintf(stdout, "  line %d: %s\n    key %s; lease %v; ttl %v; wait %v; upstream timeout %v; scope %s;\n    max request %s; max stored response %s; outcome %s\n",
+		fmt.Fprintf(stdout, "  line %d: %s\n    key %s; lease %v; ttl %v; wait %v; upstream timeout %v; scope %s;\n    max request %s; max stored response %s; outcome %s\n    fingerprint %s\n",
 			r.Line, r.Pattern, key, s.Lease, s.TTL, s.Wait, s.UpstreamTimeout, scope,
-			proxy.FormatSize(s.MaxRequestBody), proxy.FormatSize(s.MaxResponseBody), s.Outcome)
+			proxy.FormatSize(s.MaxRequestBody), proxy.FormatSize(s.MaxResponseBody), s.Outcome, fingerprintFields(s))
 	}
 	return exitOK
+}
+
+// fingerprintFields says which parts of a JSON body a route's
+// fingerprint covers, for --check-config.
+func fingerprintFields(s proxy.Settings) string {
+	switch {
+	case len(s.FingerprintInclude) > 0:
+		return "covers only " + strings.Join(s.FingerprintInclude, ", ") + " (with the method and target)"
+	case len(s.FingerprintExclude) > 0:
+		return "covers the whole body except " + strings.Join(s.FingerprintExclude, ", ")
+	}
+	return "covers the whole body"
 }
 
 // unscopedRoutes names the routes (and "default" for requests matching no

@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
+	"github.com/idemhq/idem/idemstore"
 )
 
 const serveAbout = `Runs the payments demo: a retry-safe payments API. POST /api/payments needs
@@ -26,9 +27,13 @@ With --provider URL (see idem provider), each payment is made in three steps
 that survive crashes: a pending payment, a charge at the provider with a key
 derived from the client's key, then captured; a charge that cannot be made in
 --provider-budget answers 503 idempotency.step_incomplete and the retry resumes.
+A charge the provider declines (a 4xx) is final: the payment fails and the
+client gets 402 payment.declined, stored and replayed. Pending payments are
+resumed in the background (--reconcile-*) until they are held for an operator.
 
 Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
-GET /healthz, GET /metrics (Prometheus).`
+GET /healthz, GET /readyz (every dependency answers within 1s, as JSON),
+GET /metrics (Prometheus).`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("serve", serveAbout, stdout, stderr)
@@ -37,7 +42,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\na redis+cluster://host:port,host:port URL (a Redis Cluster), another\nSQLite path or postgres:// URL; default: the --db database, in the\nsame transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
-	encKeys := f.encryptionFlag()
+	encFlags := f.encryptionFlags()
 	opDelay := f.Duration("op-delay", 0, "make each payment wait this long before it commits, to make the\nin-flight window visible in demos and tests")
 	claimInTx := f.Bool("claim-in-tx", true, "claim a new key inside the payment's transaction, so that a first\nexecution commits once (records in --db only; not with --op-delay or\n--provider, whose operations run outside the database)")
 	ef := f.eventsFlags()
@@ -69,16 +74,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		d    time.Duration
 	}{{"lease", *lease}, {"ttl", *ttl}, {"wait", *sf.wait}, {"store-timeout", *sf.storeTimeout}} {
 		if c.d > idem.MaxTTL {
-			return f.usageError("--%s %v is longer than the maximum %v (10 years, idem.MaxTTL): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
+			return f.usageError("--%s %v is longer than the maximum %v (10 years): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
 		}
 	}
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
 	}
-	enc, encAttr, err := loadEncryption(*encKeys)
+	enc, encAttr, err := encFlags.load(logger, *ttl)
 	if err != nil {
-		fmt.Fprintf(stderr, "idem serve: --encryption-keys: %v\n", err)
-		return exitError
+		fmt.Fprintf(stderr, "idem serve: %v\n", err)
+		return exitCodeOf(err)
 	}
 	if k, err := backend.KindOf(*db); err != nil {
 		return f.usageError("--db: %v", err)
@@ -101,7 +106,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *ef.url != "" && *pf.url != "" {
 		return f.usageError("--events and --provider cannot be combined yet (the provider flow does not add events)")
 	}
-	if err := pf.check(sameDB); err != nil {
+	if err := pf.check(sameDB, *ttl); err != nil {
 		return f.usageError("%v", err)
 	}
 	// ReadFirst: a PostgreSQL replay is one primary-key read (the claim
@@ -128,7 +133,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		repo = payments.PostgresRepo{Pool: dbStore.PG}
 	}
 	if err := repo.Migrate(ctx); err != nil {
-		logger.Error("cannot create the payments table", "error", err)
+		logger.Error("cannot use the payments table", "error", err)
 		return exitError
 	}
 	if sr, ok := repo.(payments.SQLiteRepo); ok {
@@ -141,8 +146,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 
 	// Payments and records in one database commit in one transaction: the
-	// records store must offer it (idem.TxStore).
-	_, transactional := records.Records.(idem.TxStore)
+	// records store must offer it (idemstore.TxStore).
+	_, transactional := records.Records.(idemstore.TxStore)
 	if sameDB && !transactional {
 		logger.Error("internal error: the records store cannot join the payments' transaction", "store", fmt.Sprintf("%T", records.Records))
 		return exitError
@@ -192,7 +197,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return f.usageError("%v", err)
 	}
-	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference}
+	svc := &payments.Service{Repo: repo, OpDelay: *opDelay, FailReference: *ef.failReference, Logger: logger}
 	evctx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
 	if evs, err = ef.start(evctx, dbStore, *db, logger); err != nil {
@@ -210,13 +215,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
 	if psvc != nil {
 		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
-		exec, err := idem.NewExecutor(mwStore, idemCfg)
+		// The reconciler's executor shares the records' settings, not the
+		// middleware's HTTP ones.
+		exec, err := idem.NewExecutor(mwStore, &idem.Config{Lease: idemCfg.Lease, TTL: idemCfg.TTL,
+			StoreTimeout: idemCfg.StoreTimeout, Observer: idemCfg.Observer, Logger: idemCfg.Logger,
+			Encryption: idemCfg.Encryption, DeriveKeySecret: idemCfg.DeriveKeySecret, ClaimInTx: idemCfg.ClaimInTx})
 		if err != nil {
 			return f.usageError("%v", err)
 		}
+		pm := m.Provider(payments.Answers(), payments.Outcomes())
+		psvc.Observer = pm
 		rctx, stopReconcile := context.WithCancel(ctx)
 		defer stopReconcile()
-		go reconcileLoop(rctx, exec, psvc, *pf.reconcile, logger)
+		go reconcileLoop(rctx, exec, mwStore, psvc, pf, pm, logger)
 	}
 	postHandler := evs.after(mw.Handle(m.InFlight(create)))
 	if psvc != nil {
@@ -227,6 +238,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	mux.Handle("GET /api/payments/count", m.Instrument("GET /api/payments/count", count))
 	mux.Handle("GET /api/payments/{id}", m.Instrument("GET /api/payments/{id}", get))
 	mux.Handle("GET /healthz", health(dbStore, records))
+	mux.Handle("GET /readyz", newReadiness(logger, []string{*db, *storeSpec, *ef.url}, append(storeChecks(dbStore, records), evs.checks...)...))
 	mux.Handle("GET /metrics", m.Handler())
 
 	ln, err := net.Listen("tcp", *sf.addr)
@@ -234,7 +246,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logger.Error("cannot listen", "addr", *sf.addr, "error", err)
 		return exitError
 	}
-	where := dbStore.Where
+	var where string
 	if records != dbStore {
 		where = fmt.Sprintf("payments in %s; idempotency records in %s (no shared transaction)", dbStore.Where, records.Where)
 	} else {
@@ -259,12 +271,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // Watcher, if it has one): when the records live in another database than
 // the payments, the store's transaction must not reach the payment
 // repository, which would write the payment into the records' database.
-func withoutTx(s idem.Store) idem.Store {
-	if w, ok := s.(idem.Watcher); ok {
+func withoutTx(s idemstore.Store) idemstore.Store {
+	if w, ok := s.(idemstore.Watcher); ok {
 		return struct {
-			idem.Store
-			idem.Watcher
+			idemstore.Store
+			idemstore.Watcher
 		}{s, w}
 	}
-	return struct{ idem.Store }{s}
+	return struct{ idemstore.Store }{s}
 }

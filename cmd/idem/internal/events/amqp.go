@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/idemhq/idem/amqpidem"
+	"github.com/idemhq/idem/idemamqp"
 	"github.com/idemhq/idem/inbox"
 )
 
@@ -22,23 +22,25 @@ func dialAMQP(_ context.Context, rawURL, subject string, logger *slog.Logger) (*
 	exchange, queue := AMQPNames(subject)
 	// Both sides declare the queue: events published before the first
 	// consumer ran are kept, not returned as unroutable.
-	topology := amqpidem.Declare(exchange, queue, subject)
-	dial := amqpidem.Dial(rawURL)
-	pub, err := amqpidem.NewPublisher(dial, amqpidem.PublisherConfig{Exchange: exchange, Topology: topology})
+	topology := idemamqp.Declare(exchange, queue, subject)
+	dial := idemamqp.Dial(rawURL)
+	pub, err := idemamqp.NewPublisher(dial, idemamqp.PublisherConfig{Exchange: exchange, Topology: topology})
 	if err != nil {
 		return nil, err
 	}
+	probe := &amqpProbe{dial: dial}
 	return &Conn{
 		Where:     redact(rawURL),
 		Topic:     subject,
 		Publisher: pub,
-		close:     func() { _ = pub.Close() },
+		close:     func() { _ = pub.Close(); probe.close() },
+		ping:      probe.ping,
 		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
 			// Consume declares the queue, exchange and binding on every
 			// connection, and reconnects when the queue is deleted
 			// (RabbitMQ cancels its consumers), so a queue lost in a
 			// deletion or a broker restart is declared again.
-			return amqpidem.Consume(ctx, dial, queue, in, h, &amqpidem.ConsumeConfig{Topology: topology, Logger: logger,
+			return idemamqp.Consume(ctx, dial, queue, in, h, &idemamqp.ConsumeConfig{Topology: topology, Logger: logger,
 				OnHandled: cfg.OnHandled, OnDropped: cfg.OnDropped})
 		},
 	}, nil

@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemhq/idem/idemnats"
 	"github.com/idemhq/idem/inbox"
-	"github.com/idemhq/idem/natsidem"
 	"github.com/idemhq/idem/outbox"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -127,6 +127,7 @@ type Conn struct {
 	// Defaults to 30 seconds.
 	AckWait time.Duration
 	close   func()
+	ping    func(ctx context.Context) error // see Ping
 	consume func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error
 }
 
@@ -190,6 +191,7 @@ func Dial(ctx context.Context, rawURL, subject string, logger *slog.Logger) (*Co
 }
 
 func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
+	last := &lastError{}
 	nc, err := nats.Connect(rawURL,
 		nats.Name("idem"),
 		nats.RetryOnFailedConnect(true),
@@ -202,6 +204,8 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 			}
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) { logger.Info("events: reconnected to NATS") }),
+		// Every failed connection attempt, for Ping to name.
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { last.set(err) }),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("events: connect to %s: %w", redact(rawURL), err)
@@ -213,17 +217,18 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 	}
 	var conn *Conn
 	p := &ensuring{
-		ensure: func(ctx context.Context) error { _, err := natsidem.EnsureStream(ctx, js, subject); return err },
-		pub:    natsidem.NewPublisher(js),
+		ensure: func(ctx context.Context) error { _, err := idemnats.EnsureStream(ctx, js, subject); return err },
+		pub:    idemnats.NewPublisher(js),
 	}
 	conn = &Conn{
 		Where:     redact(rawURL),
 		Topic:     subject,
 		Publisher: p,
 		close:     nc.Close,
+		ping:      natsPing(nc, js, last),
 		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
 			ensure := func(ctx context.Context) (jetstream.Consumer, error) {
-				return natsidem.EnsureConsumerConfig(ctx, js, subject, &natsidem.ConsumerConfig{AckWait: conn.AckWait, StartFunc: cfg.StartFunc})
+				return idemnats.EnsureConsumerConfig(ctx, js, subject, &idemnats.ConsumerConfig{AckWait: conn.AckWait, StartFunc: cfg.StartFunc})
 			}
 			var cons jetstream.Consumer
 			for {
@@ -238,7 +243,7 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 					return nil
 				}
 			}
-			return natsidem.Consume(ctx, cons, in, h, &natsidem.ConsumeConfig{Logger: logger, OnHandled: cfg.OnHandled,
+			return idemnats.Consume(ctx, cons, in, h, &idemnats.ConsumeConfig{Logger: logger, OnHandled: cfg.OnHandled,
 				OnDropped: cfg.OnDropped, ConsumerFunc: ensure})
 		},
 	}

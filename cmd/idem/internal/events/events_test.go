@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemhq/idem/natsidem"
+	"github.com/idemhq/idem/idemnats"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -63,11 +63,11 @@ func FuzzValidateSubject(f *testing.F) {
 		if err := outbox.Validate(outbox.Message{ID: "x", Topic: s}); err != nil {
 			t.Fatalf("accepted subject %q is not a topic: %v", s, err)
 		}
-		stream, filter := natsidem.StreamFor(s)
+		stream, filter := idemnats.StreamFor(s)
 		if stream == "" || strings.ContainsAny(stream, ". *>") || !strings.HasSuffix(filter, ".>") {
 			t.Fatalf("subject %q: stream %q for %q", s, stream, filter)
 		}
-		if c := natsidem.ConsumerFor(s); c == "" || strings.ContainsAny(c, ". *>") {
+		if c := idemnats.ConsumerFor(s); c == "" || strings.ContainsAny(c, ". *>") {
 			t.Fatalf("subject %q: consumer %q", s, c)
 		}
 		if ex, q := AMQPNames(s); ex == "" || q != s {

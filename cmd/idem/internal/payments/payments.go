@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/bojanz/currency"
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/canonjson"
 )
 
 // Payment is a stored payment.
@@ -98,6 +100,22 @@ type Service struct {
 	// show that a failed payment leaves nothing behind: no payment, no
 	// event, and the key free for a retry.
 	FailReference string
+	// Logger receives the cause of every 5xx answer (see logFailure).
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// logFailure logs why a request is answered with a 5xx status: the
+// answer itself names no cause (a client must not read the database's
+// errors), so the log is where an operator finds it. The idempotency key
+// is logged redacted (idem.RedactKey), as the core logs it.
+func logFailure(ctx context.Context, logger *slog.Logger, r *http.Request, status int, code string, err error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		slog.Int("status", status), slog.String("code", code), keyAttr(ctx), slog.Any("error", err)}
+	logger.LogAttrs(ctx, slog.LevelError, "payments: answered "+strconv.Itoa(status)+" "+code, attrs...)
 }
 
 // DBTimeout bounds each call to the payments database, so that a database
@@ -147,7 +165,7 @@ func Validate(body []byte) (normalised, *idem.Problem) {
 func validateStrict(body []byte) (normalised, *idem.Problem) {
 	// The strict JSON rules of the core (valid UTF-8, no duplicate member
 	// names) apply here too: this hook replaces its fingerprint.
-	if _, err := idem.AppendCanonicalJSON(nil, body); err != nil {
+	if _, err := canonjson.Append(nil, body); err != nil {
 		if len(strings.TrimSpace(string(body))) == 0 {
 			return normalised{}, invalid(map[string][]string{"body": {"is empty; send a JSON object"}})
 		}
@@ -164,7 +182,7 @@ func validateStrict(body []byte) (normalised, *idem.Problem) {
 		}
 	}
 	f := checkFields(fields, errs)
-	n := normalised{AmountCents: f.AmountCents, Currency: f.Currency, Reference: f.Reference}
+	n := normalised(f)
 	if len(errs) > 0 {
 		return normalised{}, invalid(errs)
 	}
@@ -203,7 +221,7 @@ func checkFields(fields map[string]json.RawMessage, errs map[string][]string) Fi
 		// Any spelling of a whole number is accepted (2599, 2599.0,
 		// 2.599e3), as the fingerprint treats them as one value: its
 		// canonical form is then plain digits.
-		canon, _ := idem.AppendCanonicalJSON(nil, raw)
+		canon, _ := canonjson.Append(nil, raw)
 		amount, err := strconv.ParseInt(string(canon), 10, 64)
 		isNumber := len(canon) > 0 && (canon[0] == '-' || (canon[0] >= '0' && canon[0] <= '9'))
 		switch {
@@ -663,6 +681,7 @@ func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+			logFailure(ctx, s.Logger, r, http.StatusServiceUnavailable, "payment.cancelled", context.Cause(ctx))
 			writeProblem(w, http.StatusServiceUnavailable, "payment.cancelled", "The payment was cancelled", context.Cause(ctx).Error())
 			return
 		}
@@ -689,10 +708,12 @@ func (s *Service) Create(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusUnprocessableEntity, "payment.rejected", "The database refused the payment", rejected.Reason)
 		return
 	case err != nil:
+		logFailure(ctx, s.Logger, r, http.StatusServiceUnavailable, "payment.unavailable", err)
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.")
 		return
 	}
 	if s.FailReference != "" && pay.Reference == s.FailReference {
+		logFailure(ctx, s.Logger, r, http.StatusInternalServerError, "payment.failed", errors.New("the reference is --fail-reference: failing on purpose"))
 		writeProblem(w, http.StatusInternalServerError, "payment.failed", "The payment failed",
 			"This reference is configured to fail after the payment was written (--fail-reference); nothing was kept.")
 		return
@@ -718,6 +739,7 @@ func (s *Service) Get(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "payment.not_found", "Payment not found", "No payment with this id exists for your tenant.")
 		return
 	case err != nil:
+		logFailure(ctx, s.Logger, r, http.StatusServiceUnavailable, "payment.unavailable", err)
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
 		return
 	}
@@ -731,6 +753,7 @@ func (s *Service) Count(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	n, err := s.Repo.Count(ctx)
 	if err != nil {
+		logFailure(ctx, s.Logger, r, http.StatusServiceUnavailable, "payment.unavailable", err)
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
 		return
 	}

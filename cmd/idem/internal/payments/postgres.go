@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/pgstore"
@@ -17,11 +18,125 @@ type PostgresRepo struct {
 	Pool *pgxpool.Pool
 }
 
-// Migrate implements Repo.
+// Migrate implements Repo: it creates the payments table (in the first
+// schema of the connection's search_path, usually public) unless it
+// exists, and checks that an existing one is the demo's: a table of
+// another shape is a *SchemaError. It holds the migration lock (see
+// migrateLocked), so that instances starting together on a fresh database
+// do not race.
 func (r PostgresRepo) Migrate(ctx context.Context) error {
-	_, err := r.Pool.Exec(ctx, createTable("BIGINT", "TIMESTAMPTZ"))
+	return r.migrateLocked(ctx, "migrate", func(ctx context.Context, tx pgx.Tx) error {
+		t, err := pgPaymentsTable(ctx, tx)
+		if err == nil && t == nil {
+			if _, err = tx.Exec(ctx, createTable("BIGINT", "TIMESTAMPTZ")); err == nil {
+				t, err = pgPaymentsTable(ctx, tx)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		return t.check(ctx, tx, baseColumns, stepColumns)
+	})
+}
+
+// migrateTimeout bounds a migration, the wait for another instance's
+// included.
+const migrateTimeout = 30 * time.Second
+
+// migrateLocked runs fn in a transaction that holds a transaction-scoped
+// advisory lock, as pgstore's migrations do: instances that start together
+// on a fresh database migrate one after the other. Without it, two
+// concurrent CREATE TABLE IF NOT EXISTS (or ADD COLUMN IF NOT EXISTS) race
+// in PostgreSQL's catalogue, and one fails with a unique violation (type
+// "payments" already exists). The lock is per database: the demo's tables
+// in two schemas of one database migrate one after the other, which is
+// harmless.
+func (r PostgresRepo) migrateLocked(ctx context.Context, what string, fn func(context.Context, pgx.Tx) error) error {
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, r.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('github.com/idemhq/idem/cmd/idem payments schema'))`); err != nil {
+			return fmt.Errorf("take the migration lock: %w", err)
+		}
+		return fn(ctx, tx)
+	})
+	var se *SchemaError
+	switch {
+	case errors.As(err, &se):
+		return err
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("payments: %s: not done within %v (another instance may hold the migration lock): %w", what, migrateTimeout, err)
+	case err != nil:
+		return fmt.Errorf("payments: %s: %w", what, err)
+	}
+	return nil
+}
+
+// pgTable is the existing payments table as the catalogue describes it.
+type pgTable struct {
+	oid     uint32
+	name    string // schema-qualified
+	kind    string // pg_class.relkind
+	columns []tableColumn
+}
+
+// pgPaymentsTable returns the relation the demo's unqualified "payments"
+// names (through the search_path), or nil if there is none.
+func pgPaymentsTable(ctx context.Context, tx pgx.Tx) (*pgTable, error) {
+	var t pgTable
+	err := tx.QueryRow(ctx, `SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.relkind::text
+		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = to_regclass('payments')`).Scan(&t.oid, &t.name, &t.kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
 	if err != nil {
-		return fmt.Errorf("payments: migrate: %w", err)
+		return nil, fmt.Errorf("look up the payments table: %w", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
+			a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''
+		FROM pg_catalog.pg_attribute a
+		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, t.oid)
+	if err != nil {
+		return nil, fmt.Errorf("look up the payments table's columns: %w", err)
+	}
+	t.columns, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (tableColumn, error) {
+		var c tableColumn
+		err := row.Scan(&c.name, &c.typ, &c.required)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("look up the payments table's columns: %w", err)
+	}
+	return &t, nil
+}
+
+// check returns a *SchemaError unless t has every column of want and,
+// where they exist, the columns of optional, with the demo's types, no
+// other column an insert must set, and a unique constraint on (tenant,
+// idempotency_key), which the demo's inserts name in ON CONFLICT.
+func (t *pgTable) check(ctx context.Context, tx pgx.Tx, want, optional []column) error {
+	fail := func(problems []string) error {
+		return &SchemaError{Table: t.name, Problems: problems,
+			Fix: "give --db another database for the demo (CREATE DATABASE idem_demo; --db postgres://…/idem_demo), " +
+				"or rename that table (ALTER TABLE " + t.name + " RENAME TO …) if it is yours to change"}
+	}
+	if t.kind != "r" && t.kind != "p" {
+		return fail([]string{"it is not a table (pg_class.relkind " + t.kind + ")"})
+	}
+	if problems := shapeProblems(t.columns, want, optional, func(c column) string { return c.pg }); len(problems) > 0 {
+		return fail(problems)
+	}
+	// The statement's analysis checks the conflict target as the
+	// inserts use it, without writing anything.
+	_, err := tx.Exec(ctx, `EXPLAIN INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
+		VALUES (NULL, NULL, NULL, NULL, NULL, NULL, NULL) ON CONFLICT (tenant, idempotency_key) DO NOTHING`)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P10" { // invalid_column_reference: no matching unique index
+		return fail([]string{"it has no unique constraint on (tenant, idempotency_key)"})
+	}
+	if err != nil {
+		return fmt.Errorf("check the payments table: %w", err)
 	}
 	return nil
 }

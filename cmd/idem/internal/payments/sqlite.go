@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -57,11 +58,79 @@ func (r SQLiteRepo) Close() error {
 	return errors.Join(r.st.insert.Close(), r.st.get.Close())
 }
 
-// Migrate implements Repo.
+// Migrate implements Repo: it creates the payments table unless it
+// exists, and checks that an existing one is the demo's: a table of
+// another shape is a *SchemaError. It runs in one immediate transaction
+// (sqlitestore's writer), so that processes sharing the file migrate one
+// after the other.
 func (r SQLiteRepo) Migrate(ctx context.Context) error {
-	_, err := r.Store.DB().ExecContext(ctx, createTable("INTEGER", "TEXT"))
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
+	defer cancel()
+	tx, err := r.Store.DB().BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("payments: migrate: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, createTable("INTEGER", "TEXT")); err != nil {
+		return fmt.Errorf("payments: migrate: %w", err)
+	}
+	if err := checkSQLiteTable(ctx, tx, baseColumns, stepColumns); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("payments: migrate: %w", err)
+	}
+	return nil
+}
+
+// checkSQLiteTable returns a *SchemaError unless the payments table has
+// every column of want and, where they exist, the columns of optional,
+// with the demo's type affinities, no other column an insert must set, and
+// a unique constraint on (tenant, idempotency_key), which the demo's
+// inserts name in ON CONFLICT.
+func checkSQLiteTable(ctx context.Context, tx *sql.Tx, want, optional []column) error {
+	fail := func(problems []string) error {
+		return &SchemaError{Table: "payments", Problems: problems,
+			Fix: "give --db another SQLite file for the demo, or rename that table (ALTER TABLE payments RENAME TO …) if it is yours to change"}
+	}
+	var kind string
+	if err := tx.QueryRowContext(ctx, `SELECT type FROM sqlite_schema WHERE name = 'payments' COLLATE NOCASE`).Scan(&kind); err != nil {
+		return fmt.Errorf("payments: check the payments table: %w", err)
+	}
+	if kind != "table" {
+		return fail([]string{"it is a " + kind + ", not a table"})
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT name, type, "notnull" AND dflt_value IS NULL AND pk = 0 FROM pragma_table_info('payments')`)
+	if err != nil {
+		return fmt.Errorf("payments: check the payments table: %w", err)
+	}
+	var got []tableColumn
+	for rows.Next() {
+		var c tableColumn
+		if err := rows.Scan(&c.name, &c.typ, &c.required); err != nil {
+			rows.Close()
+			return fmt.Errorf("payments: check the payments table: %w", err)
+		}
+		c.typ = sqliteAffinity(c.typ)
+		got = append(got, c)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("payments: check the payments table: %w", err)
+	}
+	if problems := shapeProblems(got, want, optional, func(c column) string { return c.sqlite }); len(problems) > 0 {
+		return fail(problems)
+	}
+	// Compiling the insert (EXPLAIN runs nothing) checks its conflict
+	// target as the inserts use it.
+	rows, err = tx.QueryContext(ctx, `EXPLAIN `+insertSQLite, nil, nil, nil, nil, nil, nil, nil)
+	if err == nil {
+		err = rows.Close()
+	}
+	if err != nil {
+		if strings.Contains(err.Error(), "ON CONFLICT clause does not match") {
+			return fail([]string{"it has no unique constraint on (tenant, idempotency_key)"})
+		}
+		return fmt.Errorf("payments: check the payments table: %w", err)
 	}
 	return nil
 }

@@ -9,7 +9,12 @@
 // stores the upstream's status, header and body, and replays them; the
 // proxy adds only what a gateway must: forwarding (X-Forwarded-For, -Host,
 // -Proto; hop-by-hop fields removed as RFC 9110 requires), a timeout, and
-// problem+json answers when the upstream fails.
+// problem+json answers when the upstream fails. Protected requests ask the
+// upstream for an uncompressed answer, which any retry can read (see
+// encoding.go). The server in front of a Proxy should refuse requests
+// whose length can be read two ways (GuardFraming): net/http settles them
+// by itself, and a front end that reads them the other way would smuggle
+// a second request through the proxy.
 //
 // Outcomes: the upstream's 2xx, 3xx and 4xx responses are stored and
 // replayed byte for byte; its 5xx responses release the key, and so do the
@@ -43,6 +48,8 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Problem codes of the proxy's own error responses. Both release the key.
@@ -86,7 +93,7 @@ type Config struct {
 	// Store keeps the idempotency records. Several proxies sharing one
 	// store (PostgreSQL, Redis, one SQLite file on one machine) behave as
 	// one.
-	Store idem.Store
+	Store idemstore.Store
 
 	// Defaults are the settings of requests that match no route.
 	// Defaults to DefaultSettings() when zero (Lease unset).
@@ -124,7 +131,7 @@ type Config struct {
 
 	// Encryption, if set, encrypts every stored response (see
 	// idem.Config.Encryption). Defaults to none.
-	Encryption *idem.Encryption
+	Encryption *idemcrypt.Encryption
 }
 
 // Proxy is an http.Handler that forwards requests to the upstream through
@@ -136,6 +143,9 @@ type Proxy struct {
 	// unseenConnection logs once that a connection's Connection field
 	// cannot be read (see restoreConnection).
 	unseenConnection sync.Once
+	// storedCoding logs once that a content-coded response to a protected
+	// request is stored as it came (see decodeContent).
+	storedCoding sync.Once
 	// via is this proxy's pseudonym in the Via field of the requests it
 	// forwards ("idem-" and random hex, new for every Proxy), by which it
 	// recognises a request that comes back to it.
@@ -413,7 +423,7 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel(nil)
 	if protected {
 		stop := context.AfterFunc(r.Context(), func() {
-			if cause := context.Cause(r.Context()); errors.Is(cause, idem.ErrLeaseLost) {
+			if cause := context.Cause(r.Context()); errors.Is(cause, idemstore.ErrLeaseLost) {
 				cancel(cause)
 			}
 		})
@@ -446,13 +456,25 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		proto = strconv.Itoa(pr.In.ProtoMajor)
 	}
 	pr.Out.Header["Via"] = append(pr.Out.Header["Via"], proto+" "+p.via)
+	if x, _ := pr.In.Context().Value(exchangeKey{}).(*exchange); x != nil && x.protected {
+		// The stored response is replayed to every retry, whatever the
+		// retry accepts: ask for it uncompressed (an absent field would
+		// allow any coding), so that every retry can read it. See
+		// decodeContent for an upstream that compresses anyway.
+		pr.Out.Header.Set("Accept-Encoding", "identity")
+	}
 	// A protected request's body was read in full by the middleware: send
 	// it with a Content-Length even if the client sent it chunked, since
-	// some upstreams refuse chunked requests.
+	// some upstreams refuse chunked requests. An empty one goes as a
+	// request with Content-Length: 0 would: net/http's client would
+	// otherwise send a body of unknown length, chunked.
 	if pr.Out.ContentLength < 0 {
 		if b, ok := pr.In.Body.(interface{ Len() int }); ok {
 			pr.Out.ContentLength = int64(b.Len())
 			pr.Out.TransferEncoding = nil
+			if b.Len() == 0 {
+				pr.Out.Body = http.NoBody
+			}
 		}
 	}
 }
@@ -466,7 +488,10 @@ func (p *Proxy) modifyResponse(res *http.Response) error {
 	if x != nil && closeDropped(res) {
 		p.restoreConnection(res, x)
 	}
-	if x == nil || x.protected {
+	if x != nil && x.protected {
+		return p.decodeContent(res)
+	}
+	if x == nil {
 		return nil
 	}
 	x.timer.Stop()
@@ -512,7 +537,15 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	ctx := r.Context()
 	cause := context.Cause(ctx)
 	var prob *idem.Problem
+	reason, broken := bodyBroken(ctx)
 	switch {
+	case broken:
+		// The client's chunked body broke off while it was forwarded:
+		// the client's fault, not the upstream's.
+		prob = &idem.Problem{Status: http.StatusBadRequest, Code: CodeBadFraming,
+			Title:  "The request's framing is ambiguous or malformed",
+			Detail: "The request's chunked body is malformed (" + reason + "); the proxy stopped forwarding it where it broke and closes the connection. The upstream received the request with its body cut short."}
+		w.Header().Set("Connection", "close")
 	case errors.Is(cause, errUpstreamTimeout):
 		prob = &idem.Problem{Status: http.StatusGatewayTimeout, Code: CodeUpstreamTimeout,
 			Title:  "The upstream did not answer in time",
@@ -531,7 +564,9 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 			Detail: "The connection to the upstream service failed before it answered; it may have acted on the request. The Idempotency-Key was released: retry with the same key."}
 	}
 	prob.Type = problemTypeBase + prob.Code
-	prob.RetryAfter = 1
+	if !broken {
+		prob.RetryAfter = 1
+	}
 	p.logger.LogAttrs(ctx, slog.LevelWarn, "upstream request failed", slog.String("method", r.Method),
 		slog.String("path", r.URL.Path), slog.Int("status", prob.Status), slog.String("code", prob.Code), slog.Any("error", err))
 	idem.WriteProblem(w, prob)

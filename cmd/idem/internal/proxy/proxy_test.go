@@ -47,7 +47,17 @@ func newTestProxy(t *testing.T, up *upstream, cfg Config) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(p)
+	return newGuardedServer(t, p, cfg.Logger)
+}
+
+// newGuardedServer serves h on a real loopback server behind the framing
+// guard, as `idem proxy` serves its proxy, with idem's header limit.
+func newGuardedServer(t *testing.T, h http.Handler, logger *slog.Logger) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.MaxHeaderBytes = 64 << 10
+	srv.Listener = GuardFraming(srv.Config, srv.Listener, logger)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv
 }
