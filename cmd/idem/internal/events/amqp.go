@@ -31,6 +31,7 @@ func dialAMQP(_ context.Context, rawURL, subject string, logger *slog.Logger) (*
 	probe := &amqpProbe{dial: dial}
 	return &Conn{
 		Where:     redact(rawURL),
+		Topic:     subject,
 		Publisher: pub,
 		close:     func() { _ = pub.Close(); probe.close() },
 		ping:      probe.ping,

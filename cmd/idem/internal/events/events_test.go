@@ -14,6 +14,7 @@ func TestBrokerOf(t *testing.T) {
 	for url, want := range map[string]Broker{
 		"nats://127.0.0.1:4222": NATS, "tls://h:4222": NATS,
 		"amqp://guest:guest@127.0.0.1:5672/": AMQP, "amqps://h/vhost": AMQP,
+		"kafka://127.0.0.1:9092": Kafka, "kafka://a:1,b:2?topic=t": Kafka, "kafka://h:9092?bogus=1": "",
 		"http://x": "", "127.0.0.1:4222": "", "": "",
 	} {
 		got, err := BrokerOf(url)
@@ -23,6 +24,10 @@ func TestBrokerOf(t *testing.T) {
 	}
 	if _, err := BrokerOf("ftp://user:secret@h"); err == nil || strings.Contains(err.Error(), "secret") {
 		t.Errorf("error %v must not show the password", err)
+	}
+	// A bad URL names every supported form.
+	if _, err := BrokerOf("redis://h"); err == nil || !strings.Contains(err.Error(), "nats://") || !strings.Contains(err.Error(), "amqp://") || !strings.Contains(err.Error(), "kafka://") {
+		t.Errorf("error %v must name the nats://, amqp:// and kafka:// forms", err)
 	}
 }
 
@@ -39,7 +44,7 @@ func TestEventMessage(t *testing.T) {
 	if err := json.Unmarshal(m.Payload, &e); err != nil {
 		t.Fatal(err)
 	}
-	if m.ID != "payment.created:pay_1" || m.Topic != DefaultSubject || e["type"] != "payment.created" || e["paymentId"] != "pay_1" ||
+	if m.ID != "payment.created:pay_1" || m.Topic != DefaultSubject || m.Key != "pay_1" || e["type"] != "payment.created" || e["paymentId"] != "pay_1" ||
 		e["tenant"] != "t_1" || e["amountCents"] != 100.0 || e["currency"] != "USD" || e["reference"] != "r" {
 		t.Fatalf("event %+v %v", m, e)
 	}
