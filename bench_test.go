@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -193,7 +194,7 @@ func steadyKeys(store *memstore.Store, now *atomic.Int64, prefix string, every i
 		next++
 		if next%every == 0 {
 			for {
-				n, _ := store.DeleteExpired(context.Background(), idem.DeleteExpiredParams{Limit: 1 << 12, Now: time.Unix(0, now.Load())})
+				n, _ := store.DeleteExpired(context.Background(), idemstore.DeleteExpiredParams{Limit: 1 << 12, Now: time.Unix(0, now.Load())})
 				if n < 1<<12 {
 					break
 				}

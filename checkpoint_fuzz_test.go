@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // FuzzParseCheckpoint: a stored checkpoint of any content is parsed or
@@ -18,7 +19,7 @@ func FuzzParseCheckpoint(f *testing.F) {
 		if err != nil && steps != nil {
 			t.Errorf("error %v with steps %v", err, steps)
 		}
-		if len(b) > idem.MaxCheckpoint && err == nil {
+		if len(b) > idemstore.MaxCheckpoint && err == nil {
 			t.Errorf("a %d-byte checkpoint parsed", len(b))
 		}
 	})

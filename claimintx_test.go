@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -42,15 +43,15 @@ type txClaimStore struct {
 	txs       []*claimTxn       // the transactions ClaimTx returned
 	claimCtxs []context.Context // the contexts ClaimTx was called with
 	// hook, if set, answers ClaimTx instead of the store.
-	hook        func(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error)
-	completeErr error // returned once, by the next StoreTx.Complete
+	hook        func(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error)
+	completeErr error // returned once, by the next idemstore.Tx.Complete
 	commitErr   error // returned once, by the next Commit, which then discards
 }
 
 var (
-	_ idem.TxClaimer = (*txClaimStore)(nil)
-	_ idem.StepStore = (*txClaimStore)(nil)
-	_ idem.Watcher   = (*txClaimStore)(nil)
+	_ idemstore.TxClaimer = (*txClaimStore)(nil)
+	_ idemstore.StepStore = (*txClaimStore)(nil)
+	_ idemstore.Watcher   = (*txClaimStore)(nil)
 )
 
 func newTxClaimStore(t *testing.T) *txClaimStore {
@@ -70,7 +71,7 @@ func newTxClaimStore(t *testing.T) *txClaimStore {
 
 // newClaimInTxExecutor returns an Executor on s with Config.ClaimInTx and
 // the other fields of cfg.
-func newClaimInTxExecutor(t *testing.T, s idem.Store, cfg *idem.Config) *idem.Executor {
+func newClaimInTxExecutor(t *testing.T, s idemstore.Store, cfg *idem.Config) *idem.Executor {
 	t.Helper()
 	c := idem.Config{}
 	if cfg != nil {
@@ -112,7 +113,7 @@ func (s *txClaimStore) claimContexts() []context.Context {
 	return slices.Clone(s.claimCtxs)
 }
 
-func (s *txClaimStore) setHook(h func(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error)) {
+func (s *txClaimStore) setHook(h func(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error)) {
 	s.mu.Lock()
 	s.hook = h
 	s.mu.Unlock()
@@ -175,9 +176,9 @@ func (s *txClaimStore) lock(ctx context.Context) (bool, error) {
 
 func (s *txClaimStore) unlock() { <-s.writer }
 
-var busyAnswer = idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: idem.Record{State: idem.StateInFlight}}
+var busyAnswer = idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: idemstore.Record{State: idemstore.StateInFlight}}
 
-func (s *txClaimStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *txClaimStore) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	s.log("store.claim")
 	ok, err := s.lock(ctx)
 	if err != nil || !ok {
@@ -187,7 +188,7 @@ func (s *txClaimStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Clai
 	return s.Store.Claim(ctx, p)
 }
 
-func (s *txClaimStore) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
+func (s *txClaimStore) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
 	s.log("claimtx")
 	s.mu.Lock()
 	s.claimCtxs = append(s.claimCtxs, ctx)
@@ -201,7 +202,7 @@ func (s *txClaimStore) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.Cl
 		return busyAnswer, nil, err
 	}
 	r, err := s.Store.Claim(ctx, p)
-	if err != nil || r.Outcome != idem.ClaimAcquired || r.TookOver {
+	if err != nil || r.Outcome != idemstore.ClaimAcquired || r.TookOver {
 		s.unlock()
 		return r, nil, err
 	}
@@ -212,23 +213,23 @@ func (s *txClaimStore) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.Cl
 	return r, tx, nil
 }
 
-func (s *txClaimStore) Renew(ctx context.Context, p idem.RenewParams) error {
+func (s *txClaimStore) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	s.log("store.renew")
 	s.renewOnce.Do(func() { close(s.renewed) })
 	return s.Store.Renew(ctx, p)
 }
 
-func (s *txClaimStore) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *txClaimStore) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	s.log("store.complete")
 	return s.Store.Complete(ctx, p)
 }
 
-func (s *txClaimStore) Release(ctx context.Context, p idem.ReleaseParams) error {
+func (s *txClaimStore) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 	s.log("store.release")
 	return s.Store.Release(ctx, p)
 }
 
-func (s *txClaimStore) BeginTx(ctx context.Context) (idem.StoreTx, error) {
+func (s *txClaimStore) BeginTx(ctx context.Context) (idemstore.Tx, error) {
 	s.log("begin")
 	return &claimTxn{s: s, name: "btx"}, nil
 }
@@ -239,17 +240,17 @@ func (s *txClaimStore) BeginTx(ctx context.Context) (idem.StoreTx, error) {
 type claimTxn struct {
 	s      *txClaimStore
 	name   string
-	claim  *idem.ClaimParams // the uncommitted claim, deleted by a rollback
-	locked bool              // holds the store's write lock
+	claim  *idemstore.ClaimParams // the uncommitted claim, deleted by a rollback
+	locked bool                   // holds the store's write lock
 
 	mu      sync.Mutex
-	pending *idem.CompleteParams
+	pending *idemstore.CompleteParams
 	ended   bool
 }
 
 var errTxEnded = errors.New("txClaimStore: the transaction has ended")
 
-func (tx *claimTxn) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (tx *claimTxn) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	tx.s.log(tx.name + ".complete")
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
@@ -260,7 +261,7 @@ func (tx *claimTxn) Complete(ctx context.Context, p idem.CompleteParams) error {
 		return err
 	}
 	if tx.claim != nil && (p.Scope != tx.claim.Scope || p.Key != tx.claim.Key || p.Token != tx.claim.Token) {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	tx.pending = &p
 	return nil
@@ -302,7 +303,7 @@ func (tx *claimTxn) finish(discard bool) {
 	tx.ended = true
 	if discard && tx.claim != nil {
 		c := tx.claim
-		_ = tx.s.Store.Release(context.Background(), idem.ReleaseParams{Scope: c.Scope, Key: c.Key, Token: c.Token, Now: c.Now})
+		_ = tx.s.Store.Release(context.Background(), idemstore.ReleaseParams{Scope: c.Scope, Key: c.Key, Token: c.Token, Now: c.Now})
 	}
 	if tx.locked {
 		tx.s.unlock()
@@ -357,7 +358,7 @@ func executesAgain(t *testing.T, exec *idem.Executor, s *txClaimStore, key strin
 func TestClaimInTxNeedsATxClaimer(t *testing.T) {
 	t.Parallel()
 	m, _ := memstore.New(nil)
-	for name, store := range map[string]idem.Store{
+	for name, store := range map[string]idemstore.Store{
 		"memstore":   m,
 		"TxStore":    newJournalStore(t),
 		"plainStore": plainStore{newStallStore(t, "")},
@@ -413,7 +414,7 @@ func TestClaimInTxFirstExecutionCommitsOnce(t *testing.T) {
 			return nil, err
 		}
 		txs := s.transactions()
-		if len(txs) != 1 || tx != idem.StoreTx(txs[0]) {
+		if len(txs) != 1 || tx != idemstore.Tx(txs[0]) {
 			t.Errorf("TxFromContext returned %v (%T), not the transaction ClaimTx returned (%v)", tx, tx, txs)
 		}
 		if again, _ := idem.TxFromContext(ctx); again != tx {
@@ -593,7 +594,7 @@ func TestClaimInTxMiddleware(t *testing.T) {
 	var step atomic.Int32
 	b := setup(t, func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idem.TxFromContext(r.Context())
-		if txs := s.transactions(); err != nil || len(txs) == 0 || tx != idem.StoreTx(txs[len(txs)-1]) {
+		if txs := s.transactions(); err != nil || len(txs) == 0 || tx != idemstore.Tx(txs[len(txs)-1]) {
 			t.Errorf("the handler's transaction is %v (%v), not the claim's", tx, err)
 		}
 		switch step.Add(1) {
@@ -662,7 +663,7 @@ func TestClaimInTxCompletionFailure(t *testing.T) {
 			[]string{"claimtx", "tx.complete", "tx.commit"}},
 		{"complete", func(s *txClaimStore) { s.failNextComplete(errors.New("connection reset")) }, idem.ErrStoreUnavailable,
 			[]string{"claimtx", "tx.complete", "tx.rollback"}},
-		{"lease lost", func(s *txClaimStore) { s.failNextComplete(idem.ErrLeaseLost) }, idem.ErrLeaseLost,
+		{"lease lost", func(s *txClaimStore) { s.failNextComplete(idemstore.ErrLeaseLost) }, idemstore.ErrLeaseLost,
 			[]string{"claimtx", "tx.complete", "tx.rollback"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -746,7 +747,7 @@ func TestClaimInTxRefusesSteps(t *testing.T) {
 	}
 	wantJournal(t, "refused step", s.entries(), "claimtx", "tx.rollback")
 	// No recovery point was saved: the key is free, not stuck.
-	stuck, err := s.Stuck(context.Background(), idem.StuckParams{Limit: 10, Now: time.Now().Add(time.Hour)})
+	stuck, err := s.Stuck(context.Background(), idemstore.StuckParams{Limit: 10, Now: time.Now().Add(time.Hour)})
 	if err != nil || len(stuck) != 0 {
 		t.Fatalf("stuck records: %v %v", stuck, err)
 	}
@@ -764,8 +765,8 @@ func TestClaimInTxTakeOverRunsAsWithout(t *testing.T) {
 	ctx := context.Background()
 	p := doParams("k")
 	// An owner that crashed: its lease runs out.
-	if r, err := s.Store.Claim(ctx, idem.ClaimParams{Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, Token: "crashed",
-		Lease: idem.MinLease, TTL: time.Hour, Now: clock.Now()}); err != nil || r.Outcome != idem.ClaimAcquired {
+	if r, err := s.Store.Claim(ctx, idemstore.ClaimParams{Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, Token: "crashed",
+		Lease: idem.MinLease, TTL: time.Hour, Now: clock.Now()}); err != nil || r.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("seed claim: %+v %v", r, err)
 	}
 	clock.Advance(time.Second)
@@ -828,15 +829,15 @@ func TestClaimInTxStalledClaimTx(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// late answers after ctx ended.
-		late func(s *txClaimStore, ctx context.Context) (idem.ClaimResult, idem.StoreTx, error)
+		late func(s *txClaimStore, ctx context.Context) (idemstore.ClaimResult, idemstore.Tx, error)
 		want []string
 	}{
-		{"blocks", func(_ *txClaimStore, ctx context.Context) (idem.ClaimResult, idem.StoreTx, error) {
-			return idem.ClaimResult{}, nil, ctx.Err()
+		{"blocks", func(_ *txClaimStore, ctx context.Context) (idemstore.ClaimResult, idemstore.Tx, error) {
+			return idemstore.ClaimResult{}, nil, ctx.Err()
 		}, []string{"claimtx"}},
-		{"opens a transaction late", func(s *txClaimStore, ctx context.Context) (idem.ClaimResult, idem.StoreTx, error) {
+		{"opens a transaction late", func(s *txClaimStore, ctx context.Context) (idemstore.ClaimResult, idemstore.Tx, error) {
 			// The store ignored its context and acquired anyway.
-			return idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{State: idem.StateInFlight,
+			return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: idemstore.Record{State: idemstore.StateInFlight,
 				ExpiresAt: time.Now().Add(time.Hour), Fence: 1}}, s.openTx(), nil
 		}, []string{"claimtx", "tx.rollback"}},
 	} {
@@ -844,7 +845,7 @@ func TestClaimInTxStalledClaimTx(t *testing.T) {
 			t.Parallel()
 			s := newTxClaimStore(t)
 			stalled := make(chan struct{})
-			s.setHook(func(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
+			s.setHook(func(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
 				close(stalled)
 				<-ctx.Done()
 				return tc.late(s, ctx)
@@ -891,16 +892,16 @@ func TestClaimInTxStalledClaimTx(t *testing.T) {
 // ErrStoreUnavailable, and nothing runs or replays.
 func TestClaimInTxOutcomeWithTransaction(t *testing.T) {
 	t.Parallel()
-	for _, o := range []idem.ClaimOutcome{idem.ClaimCompleted, idem.ClaimInFlight, idem.ClaimMismatch} {
+	for _, o := range []idemstore.ClaimOutcome{idemstore.ClaimCompleted, idemstore.ClaimInFlight, idemstore.ClaimMismatch} {
 		t.Run(o.String(), func(t *testing.T) {
 			t.Parallel()
 			s := newTxClaimStore(t)
-			s.setHook(func(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
-				rec := idem.Record{State: idem.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: time.Now().Add(time.Hour)}
-				if o == idem.ClaimCompleted {
-					rec.State, rec.Response = idem.StateCompleted, &idem.Response{StatusCode: 200, Body: []byte("stored")}
+			s.setHook(func(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
+				rec := idemstore.Record{State: idemstore.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: time.Now().Add(time.Hour)}
+				if o == idemstore.ClaimCompleted {
+					rec.State, rec.Response = idemstore.StateCompleted, &idem.Response{StatusCode: 200, Body: []byte("stored")}
 				}
-				return idem.ClaimResult{Outcome: o, Record: rec}, s.openTx(), nil
+				return idemstore.ClaimResult{Outcome: o, Record: rec}, s.openTx(), nil
 			})
 			exec := newClaimInTxExecutor(t, s, nil)
 			var runs atomic.Int32
@@ -981,7 +982,7 @@ func TestClaimInTxDuplicates(t *testing.T) {
 	}()
 	<-running
 
-	if _, err := exec.Do(ctx, doParams("k"), created201(&runs, "dup")); !errors.Is(err, idem.ErrInFlight) {
+	if _, err := exec.Do(ctx, doParams("k"), created201(&runs, "dup")); !errors.Is(err, idemstore.ErrInFlight) {
 		t.Errorf("duplicate: %v, want ErrInFlight", err)
 	}
 	<-s.busied // the duplicate's

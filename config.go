@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem/idemcrypt"
 )
 
 // Header names idem reads and writes.
@@ -86,21 +88,27 @@ func DefaultOutcome(status int) Outcome {
 }
 
 // Config configures an Executor or a Middleware. A nil *Config means every
-// default, and so does each zero field. The fields, by what they govern:
+// default, and so does each zero field. The fields, in this order, by what
+// they govern:
 //
 //   - records: Lease, TTL, Wait, RetryAfter, ClaimInTx, OutcomeFunc;
 //   - the store and the clock: StoreTimeout, NowFunc;
+//   - secrets: Encryption, DeriveKeySecret;
 //   - observability: Observer, Logger;
 //   - which requests need a key, and how they are identified (Middleware
-//     only): Requirement, RequiredMethods, ValidateKeyFunc, TenantFunc,
-//     OperationFunc, FingerprintFunc, FingerprintExclude,
+//     only): Requirement, RequiredMethods, KeyHeader, ValidateKeyFunc,
+//     TenantFunc, OperationFunc, FingerprintFunc, FingerprintExclude,
 //     FingerprintInclude;
 //   - limits and answers (Middleware only): MaxRequestBody,
 //     MaxResponseBody, ReplayDenyHeaders, FailOpen, ProblemBaseURL,
 //     ErrorFunc.
 //
-// NewExecutor ignores the fields marked "Middleware only".
+// NewExecutor refuses a Config that sets a field marked "Middleware only":
+// the Executor has no request to apply it to, and a setting that is
+// silently ignored is a setting someone relies on in vain.
 type Config struct {
+	// Records.
+
 	// Lease is how long a claim owns a record without renewal. The owner
 	// renews it every third of a lease while the operation runs, so an
 	// operation may run longer than one lease; a crashed owner's record can
@@ -124,18 +132,6 @@ type Config struct {
 	// 503 (store unavailable, lease lost), rounded up to whole seconds.
 	// Defaults to 1 second.
 	RetryAfter time.Duration
-
-	// StoreTimeout bounds every store call: the claim, each lease renewal,
-	// beginning the operation's transaction, and each call that records the
-	// outcome (complete, commit, rollback, release), as well as a Watch
-	// registration in wait mode. A store that stops answering (connections
-	// open, nothing answers) thus yields 503 idempotency.store_unavailable
-	// with Retry-After within StoreTimeout, never a request that hangs for
-	// as long as its client waits. The calls made after the operation ran
-	// do not use the request's cancellation, so a client that disconnects
-	// cannot cancel the recording of work that was done. Defaults to 5
-	// seconds.
-	StoreTimeout time.Duration
 
 	// ClaimInTx claims a new key inside the operation's transaction, so
 	// that the claim, the operation's writes and the stored response
@@ -168,13 +164,36 @@ type Config struct {
 	// operation is stored or released. Defaults to DefaultOutcome.
 	OutcomeFunc func(status int) Outcome
 
+	// The store and the clock.
+
+	// StoreTimeout bounds every store call: the claim, each lease renewal,
+	// beginning the operation's transaction, and each call that records the
+	// outcome (complete, commit, rollback, release), as well as a Watch
+	// registration in wait mode. A store that stops answering (connections
+	// open, nothing answers) thus yields 503 idempotency.store_unavailable
+	// with Retry-After within StoreTimeout, never a request that hangs for
+	// as long as its client waits. The calls made after the operation ran
+	// do not use the request's cancellation, so a client that disconnects
+	// cannot cancel the recording of work that was done. Defaults to 5
+	// seconds.
+	StoreTimeout time.Duration
+
 	// NowFunc is the clock: it supplies Now to every store call (stores with
 	// their own server clock ignore it) and times events. Defaults to
 	// time.Now.
 	NowFunc func() time.Time
 
-	// Observer is told about every outcome. Defaults to none.
-	Observer Observer
+	// Secrets.
+
+	// Encryption, when set, encrypts every stored response and recovery
+	// point and binds each to its record (and, with
+	// idemcrypt.Config.HashKey, hashes the scope and key the stores see).
+	// A record that cannot be decrypted is answered with
+	// ErrRecordUnreadable (503), never replayed, resumed or executed
+	// again. See idemcrypt.New. Defaults to nil: responses and recovery
+	// points are stored as they are, and an encrypted record is
+	// unreadable.
+	Encryption *idemcrypt.Encryption
 
 	// DeriveKeySecret keys the HMAC-SHA256 of DeriveKey, so that a derived
 	// key sent to a provider reveals nothing of the client's key, not even
@@ -186,11 +205,18 @@ type Config struct {
 	// client's key compute the derived one.
 	DeriveKeySecret []byte
 
+	// Observability.
+
+	// Observer is told about every outcome. Defaults to none.
+	Observer Observer
+
 	// Logger receives warnings and errors (store failures, lost leases,
 	// take-overs). Keys appear only as RedactKey gives them: clients
 	// sometimes build keys from order or user identifiers. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Which requests need a key, and how they are identified (Middleware only).
 
 	// Requirement says which requests need a key. Middleware only. Defaults
 	// to KeyByMethod.
@@ -236,46 +262,6 @@ type Config struct {
 	// the default fingerprint. Middleware only.
 	FingerprintFunc func(r *http.Request, body []byte) ([]byte, error)
 
-	// MaxRequestBody is the largest request body, in bytes, that a
-	// protected request may carry; larger ones are answered with 413 before
-	// any key is claimed. Middleware only. Defaults to 1 MiB.
-	MaxRequestBody int64
-
-	// MaxResponseBody is the largest response body, in bytes, that is
-	// stored for replay. A larger response is still sent in full to the
-	// first client, and the record completes without a body (see
-	// Response.Unreplayable). Middleware only. Defaults to 1 MiB.
-	MaxResponseBody int
-
-	// ReplayDenyHeaders are response header fields that are never stored
-	// or replayed, in addition to the hop-by-hop fields and Date, which
-	// never are. Middleware only. Defaults to Set-Cookie and Set-Cookie2;
-	// set an empty, non-nil slice to store every other field.
-	ReplayDenyHeaders []string
-
-	// FailOpen runs the handler without protection when the store cannot
-	// be reached, instead of answering 503. Use it only on routes where a
-	// duplicate is cheaper than an outage. Middleware only. Defaults to
-	// false: fail closed.
-	FailOpen bool
-
-	// Encryption, when set, encrypts every stored response and recovery
-	// point and binds each to its record (and, with
-	// EncryptionConfig.HashKey, hashes the scope and key the stores see).
-	// A record that cannot be decrypted is answered with
-	// ErrRecordUnreadable (503), never replayed, resumed or executed
-	// again. See NewEncryption. Defaults to nil: responses and recovery
-	// points are stored as they are, and an encrypted record is
-	// unreadable.
-	Encryption *Encryption
-	// ProblemBaseURL is the base of the "type" URI of idem's own problems:
-	// the problem code is appended to it (so a base ending in "#" names an
-	// anchor per code), and WriteProblem also sends the URI in a Link
-	// field with rel="describedby". Point it at your own copy of the
-	// documentation, if clients cannot reach GitHub. Middleware only.
-	// Defaults to DefaultProblemBaseURL (docs/semantics.md on GitHub).
-	ProblemBaseURL string
-
 	// FingerprintExclude lists JSON Pointers (RFC 6901, such as
 	// "/metadata/client_time") of members or array elements of a JSON body
 	// that the fingerprint leaves out: a retry that differs only in them
@@ -299,10 +285,76 @@ type Config struct {
 	// only. Defaults to the whole body.
 	FingerprintInclude []string
 
+	// Limits and answers (Middleware only).
+
+	// MaxRequestBody is the largest request body, in bytes, that a
+	// protected request may carry; larger ones are answered with 413 before
+	// any key is claimed. Middleware only. Defaults to 1 MiB.
+	MaxRequestBody int64
+
+	// MaxResponseBody is the largest response body, in bytes, that is
+	// stored for replay. A larger response is still sent in full to the
+	// first client, and the record completes without a body (see
+	// Response.Unreplayable). Middleware only. Defaults to 1 MiB.
+	MaxResponseBody int
+
+	// ReplayDenyHeaders are response header fields that are never stored
+	// or replayed, in addition to the hop-by-hop fields and Date, which
+	// never are. Middleware only. Defaults to Set-Cookie and Set-Cookie2;
+	// set an empty, non-nil slice to store every other field.
+	ReplayDenyHeaders []string
+
+	// FailOpen runs the handler without protection when the store cannot
+	// be reached, instead of answering 503. Use it only on routes where a
+	// duplicate is cheaper than an outage. Middleware only. Defaults to
+	// false: fail closed.
+	FailOpen bool
+
+	// ProblemBaseURL is the base of the "type" URI of idem's own problems:
+	// the problem code is appended to it (so a base ending in "#" names an
+	// anchor per code), and WriteProblem also sends the URI in a Link
+	// field with rel="describedby". Point it at your own copy of the
+	// documentation, if clients cannot reach GitHub. Middleware only.
+	// Defaults to DefaultProblemBaseURL (docs/semantics.md on GitHub).
+	ProblemBaseURL string
+
 	// ErrorFunc writes every error response idem produces. The idempotency
 	// headers are already set on w. Middleware only. Defaults to
 	// WriteProblem.
 	ErrorFunc func(w http.ResponseWriter, r *http.Request, p *Problem)
+}
+
+// middlewareOnlySet returns the name of the first field marked
+// "Middleware only" that c sets, or "".
+func (c *Config) middlewareOnlySet() string {
+	if c == nil {
+		return ""
+	}
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"Requirement", c.Requirement != KeyByMethod},
+		{"RequiredMethods", c.RequiredMethods != nil},
+		{"KeyHeader", c.KeyHeader != ""},
+		{"ValidateKeyFunc", c.ValidateKeyFunc != nil},
+		{"TenantFunc", c.TenantFunc != nil},
+		{"OperationFunc", c.OperationFunc != nil},
+		{"FingerprintFunc", c.FingerprintFunc != nil},
+		{"FingerprintExclude", c.FingerprintExclude != nil},
+		{"FingerprintInclude", c.FingerprintInclude != nil},
+		{"MaxRequestBody", c.MaxRequestBody != 0},
+		{"MaxResponseBody", c.MaxResponseBody != 0},
+		{"ReplayDenyHeaders", c.ReplayDenyHeaders != nil},
+		{"FailOpen", c.FailOpen},
+		{"ProblemBaseURL", c.ProblemBaseURL != ""},
+		{"ErrorFunc", c.ErrorFunc != nil},
+	} {
+		if f.set {
+			return f.name
+		}
+	}
+	return ""
 }
 
 // resolve returns a copy of c with defaults filled in, or an error for a
@@ -427,8 +479,19 @@ type RequestInfo struct {
 	// Payload is what Config.FingerprintFunc returned for this request
 	// (the validated, normalised payload), or nil. Read-only.
 	Payload []byte
-	// Fence is the execution's fencing token (see Record.Fence and
-	// FenceFromContext).
+	// Fence is the execution's fencing token: greater than the token of
+	// every earlier claim or take-over of the same key (zero on a store
+	// without fences; see idemstore.Record.Fence). Send it with every write
+	// to a downstream system that can compare it (a column, a header); the
+	// downstream refuses a write whose token is lower than the highest it
+	// has accepted for that key, so that an owner whose lease was taken
+	// over, and which does not know it yet, cannot overwrite its
+	// successor's work:
+	//
+	//	UPDATE accounts SET balance = $1, fence = $2
+	//	WHERE id = $3 AND fence <= $2
+	//
+	// changes no row for a stale owner.
 	Fence int64
 }
 

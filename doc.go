@@ -90,8 +90,10 @@
 // DeriveKey gives the key to send downstream for a step (the same on every
 // attempt, revealing nothing of the client's key), FenceFromContext a
 // fencing token that grows with every claim of the key, and
-// Executor.Reconcile completes operations nobody retried. It needs a store
-// that implements StepStore (memstore, sqlitestore, pgstore).
+// Executor.Reconcile completes operations nobody retried, several at once,
+// and holds for an operator those it gives up on
+// (ReconcileParams.MaxAttempts, MaxAge). It needs a store that implements
+// StepStore (memstore, sqlitestore, pgstore).
 //
 // # Stores
 //
@@ -104,14 +106,14 @@
 //
 // # Encryption at rest
 //
-// Config.Encryption (see NewEncryption) seals every stored response and
+// Config.Encryption (see idemcrypt.New) seals every stored response and
 // every recovery point (see Step) with AES-256-GCM under a data key of its
 // own, wrapped by a KeyProvider (the static Keyring, or a KMS) and bound to
 // its record; optionally stores see only an HMAC of scope and key. It works
 // in the core, on what Complete and SaveCheckpoint receive and Claim and
 // Stuck return, so every store gets it. A record that cannot be decrypted
 // answers ErrRecordUnreadable (503), never a replay, a resumption or a
-// second execution. EncryptionConfig.AcceptPlaintext reads the records
+// second execution. idemcrypt.Config.AcceptPlaintext reads the records
 // written before encryption was turned on.
 //
 // # For store authors

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -21,11 +22,11 @@ import (
 func BenchmarkEncryption(b *testing.B) {
 	modes := []struct {
 		name string
-		enc  *idem.Encryption
+		enc  *idemcrypt.Encryption
 	}{
 		{"off", nil},
 		{"aes", newEncryption(b, nil, "1")},
-		{"aes+hash", newEncryption(b, &idem.EncryptionConfig{HashKey: testKey("hash")}, "1")},
+		{"aes+hash", newEncryption(b, &idemcrypt.Config{HashKey: testKey("hash")}, "1")},
 	}
 	for _, m := range modes {
 		b.Run(m.name, func(b *testing.B) { benchEncryptionMode(b, m.enc) })
@@ -35,7 +36,7 @@ func BenchmarkEncryption(b *testing.B) {
 // benchEncryptionMode sets up one mode's store and middleware, so that a
 // mode's records are garbage once it is done and never weigh on the next
 // mode's collections.
-func benchEncryptionMode(b *testing.B, enc *idem.Encryption) {
+func benchEncryptionMode(b *testing.B, enc *idemcrypt.Encryption) {
 	{
 		// The first-execution path in a steady state, as in
 		// BenchmarkMiddleware but smaller, to keep the set-up of three

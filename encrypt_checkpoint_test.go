@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -58,7 +59,7 @@ func TestSealOpenCheckpoint(t *testing.T) {
 		for _, c := range []struct{ scope, key, fp string }{
 			{scope, "k2", fp}, {idem.Scope("tenant-b", "POST /payments"), key, fp}, {scope, key, idem.FingerprintVersion + ":bbbb"},
 		} {
-			if _, err := enc.OpenCheckpoint(ctx, c.scope, c.key, c.fp, sealed); !errors.Is(err, idem.ErrRecordUnreadable) || !errors.Is(err, idem.ErrDecrypt) {
+			if _, err := enc.OpenCheckpoint(ctx, c.scope, c.key, c.fp, sealed); !errors.Is(err, idem.ErrRecordUnreadable) || !errors.Is(err, idemcrypt.ErrDecrypt) {
 				t.Errorf("OpenCheckpoint under (%q, %q, %q): %v, want ErrRecordUnreadable and ErrDecrypt", c.scope, c.key, c.fp, err)
 			}
 		}
@@ -75,12 +76,12 @@ func TestSealOpenCheckpoint(t *testing.T) {
 		}
 	})
 	t.Run("EveryByteTampered", func(t *testing.T) {
-		lenient := newEncryption(t, &idem.EncryptionConfig{AcceptPlaintext: true}, "1")
+		lenient := newEncryption(t, &idemcrypt.Config{AcceptPlaintext: true}, "1")
 		for i := range sealed {
 			for _, bit := range []byte{0x01, 0x80} {
 				b := bytes.Clone(sealed)
 				b[i] ^= bit
-				for _, e := range []*idem.Encryption{enc, lenient} {
+				for _, e := range []*idemcrypt.Encryption{enc, lenient} {
 					if got, err := e.OpenCheckpoint(ctx, scope, key, fp, b); !errors.Is(err, idem.ErrRecordUnreadable) || got != nil {
 						t.Fatalf("stored byte %d ^ %#x: %q, %v", i, bit, got, err)
 					}
@@ -95,7 +96,7 @@ func TestSealOpenCheckpoint(t *testing.T) {
 	})
 	t.Run("UnknownKeyID", func(t *testing.T) {
 		other := newEncryption(t, nil, "2")
-		if _, err := other.OpenCheckpoint(ctx, scope, key, fp, sealed); !errors.Is(err, idem.ErrUnknownKeyID) || !errors.Is(err, idem.ErrRecordUnreadable) {
+		if _, err := other.OpenCheckpoint(ctx, scope, key, fp, sealed); !errors.Is(err, idemcrypt.ErrUnknownKeyID) || !errors.Is(err, idem.ErrRecordUnreadable) {
 			t.Fatalf("OpenCheckpoint with a keyring without key 1: %v", err)
 		}
 		rotated := newEncryption(t, nil, "1", "2")
@@ -104,7 +105,7 @@ func TestSealOpenCheckpoint(t *testing.T) {
 		}
 	})
 	t.Run("EncryptionOff", func(t *testing.T) {
-		var off *idem.Encryption
+		var off *idemcrypt.Encryption
 		if _, err := off.OpenCheckpoint(ctx, scope, key, fp, sealed); !errors.Is(err, idem.ErrRecordUnreadable) {
 			t.Fatalf("OpenCheckpoint of a sealed checkpoint without keys: %v", err)
 		}
@@ -119,7 +120,7 @@ func TestSealOpenCheckpoint(t *testing.T) {
 		if _, err := enc.OpenCheckpoint(ctx, scope, key, fp, want); !errors.Is(err, idem.ErrRecordUnreadable) {
 			t.Fatalf("checkpoint in clear with encryption on: %v", err)
 		}
-		lenient := newEncryption(t, &idem.EncryptionConfig{AcceptPlaintext: true}, "1")
+		lenient := newEncryption(t, &idemcrypt.Config{AcceptPlaintext: true}, "1")
 		if got, err := lenient.OpenCheckpoint(ctx, scope, key, fp, want); err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("checkpoint in clear with AcceptPlaintext: %q, %v", got, err)
 		}
@@ -133,13 +134,13 @@ func TestSealOpenCheckpoint(t *testing.T) {
 // under digests that never find them, and run their retries again.
 func TestAcceptPlaintextWithHashKeyRefused(t *testing.T) {
 	t.Parallel()
-	kr, _ := idem.NewKeyring(idem.KeyringKey{ID: "1", Key: testKey("1")})
-	_, err := idem.NewEncryption(kr, &idem.EncryptionConfig{AcceptPlaintext: true, HashKey: testKey("hash")})
+	kr, _ := idemcrypt.NewKeyring(idemcrypt.Key{ID: "1", Key: testKey("1")})
+	_, err := idemcrypt.New(kr, &idemcrypt.Config{AcceptPlaintext: true, HashKey: testKey("hash")})
 	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("HashKey")) {
 		t.Fatalf("AcceptPlaintext with HashKey: %v, want an error naming HashKey", err)
 	}
-	for _, cfg := range []*idem.EncryptionConfig{{AcceptPlaintext: true}, {HashKey: testKey("hash")}} {
-		if _, err := idem.NewEncryption(kr, cfg); err != nil {
+	for _, cfg := range []*idemcrypt.Config{{AcceptPlaintext: true}, {HashKey: testKey("hash")}} {
+		if _, err := idemcrypt.New(kr, cfg); err != nil {
 			t.Errorf("%+v: %v", cfg, err)
 		}
 	}
@@ -150,7 +151,7 @@ func TestAcceptPlaintextWithHashKeyRefused(t *testing.T) {
 // accepted; anything else is ErrRecordUnreadable, never a panic.
 func FuzzOpenCheckpoint(f *testing.F) {
 	enc := newEncryption(f, nil, "1")
-	lenient := newEncryption(f, &idem.EncryptionConfig{AcceptPlaintext: true}, "1")
+	lenient := newEncryption(f, &idemcrypt.Config{AcceptPlaintext: true}, "1")
 	sealed, err := enc.SealCheckpoint(context.Background(), "s", "k", "v1:f", sampleCheckpoint())
 	if err != nil {
 		f.Fatal(err)
@@ -161,7 +162,7 @@ func FuzzOpenCheckpoint(f *testing.F) {
 	f.Add([]byte("\x00idemcp1\x01\x31\x00"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		for _, e := range []*idem.Encryption{enc, lenient} {
+		for _, e := range []*idemcrypt.Encryption{enc, lenient} {
 			got, err := e.OpenCheckpoint(context.Background(), "s", "k", "v1:f", b)
 			switch {
 			case err != nil:
@@ -219,7 +220,7 @@ func TestRecoveryPointSealedThroughMiddleware(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "paid %s", ref)
 	})
-	serve := func(enc *idem.Encryption) string {
+	serve := func(enc *idemcrypt.Encryption) string {
 		mw, err := idem.NewMiddleware(store, &idem.Config{Encryption: enc, FailOpen: true,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/storetest"
 )
@@ -39,13 +41,13 @@ func keyringText(ids ...string) string {
 	return b.String()
 }
 
-func newEncryption(t testing.TB, cfg *idem.EncryptionConfig, ids ...string) *idem.Encryption {
+func newEncryption(t testing.TB, cfg *idemcrypt.Config, ids ...string) *idemcrypt.Encryption {
 	t.Helper()
-	kr, err := idem.ParseKeyring([]byte(keyringText(ids...)))
+	kr, err := idemcrypt.ParseKeyring([]byte(keyringText(ids...)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	enc, err := idem.NewEncryption(kr, cfg)
+	enc, err := idemcrypt.New(kr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +79,7 @@ func TestParseKeyring(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			kr, err := idem.ParseKeyring([]byte(c.text))
+			kr, err := idemcrypt.ParseKeyring([]byte(c.text))
 			if c.ids == nil {
 				if err == nil {
 					t.Fatalf("ParseKeyring(%q): no error", c.text)
@@ -109,7 +111,7 @@ func FuzzParseKeyring(f *testing.F) {
 	f.Add([]byte("1:AAAA\n"))
 	f.Add([]byte(":::\n\r\n#"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		kr, err := idem.ParseKeyring(data)
+		kr, err := idemcrypt.ParseKeyring(data)
 		if err != nil {
 			if kr != nil {
 				t.Fatal("keyring with an error")
@@ -173,7 +175,7 @@ func TestSealOpen(t *testing.T) {
 		for _, c := range []struct{ scope, key string }{
 			{scope, "k2"}, {idem.Scope("tenant-b", "POST /payments"), key}, {idem.Scope("tenant-a", "POST /refunds"), key},
 		} {
-			if _, err := enc.Open(ctx, c.scope, c.key, sealed); !errors.Is(err, idem.ErrRecordUnreadable) || !errors.Is(err, idem.ErrDecrypt) {
+			if _, err := enc.Open(ctx, c.scope, c.key, sealed); !errors.Is(err, idem.ErrRecordUnreadable) || !errors.Is(err, idemcrypt.ErrDecrypt) {
 				t.Errorf("Open under (%q, %q): %v, want ErrRecordUnreadable and ErrDecrypt", c.scope, c.key, err)
 			}
 		}
@@ -209,19 +211,19 @@ func TestSealOpen(t *testing.T) {
 	})
 	t.Run("UnknownKeyID", func(t *testing.T) {
 		other := newEncryption(t, nil, "2")
-		if _, err := other.Open(ctx, scope, key, sealed); !errors.Is(err, idem.ErrUnknownKeyID) || !errors.Is(err, idem.ErrRecordUnreadable) {
+		if _, err := other.Open(ctx, scope, key, sealed); !errors.Is(err, idemcrypt.ErrUnknownKeyID) || !errors.Is(err, idem.ErrRecordUnreadable) {
 			t.Fatalf("Open with a keyring without key 1: %v", err)
 		}
 	})
 	t.Run("SameIDOtherKey", func(t *testing.T) {
-		kr, _ := idem.NewKeyring(idem.KeyringKey{ID: "1", Key: testKey("not 1")})
-		other, _ := idem.NewEncryption(kr, nil)
-		if _, err := other.Open(ctx, scope, key, sealed); !errors.Is(err, idem.ErrDecrypt) {
+		kr, _ := idemcrypt.NewKeyring(idemcrypt.Key{ID: "1", Key: testKey("not 1")})
+		other, _ := idemcrypt.New(kr, nil)
+		if _, err := other.Open(ctx, scope, key, sealed); !errors.Is(err, idemcrypt.ErrDecrypt) {
 			t.Fatalf("Open with another key named 1: %v", err)
 		}
 	})
 	t.Run("EncryptionOff", func(t *testing.T) {
-		var off *idem.Encryption
+		var off *idemcrypt.Encryption
 		if _, err := off.Open(ctx, scope, key, sealed); !errors.Is(err, idem.ErrRecordUnreadable) {
 			t.Fatalf("Open of a sealed record without keys: %v", err)
 		}
@@ -233,7 +235,7 @@ func TestSealOpen(t *testing.T) {
 		if _, err := enc.Open(ctx, scope, key, want); !errors.Is(err, idem.ErrRecordUnreadable) {
 			t.Fatalf("plain record with encryption on: %v", err)
 		}
-		lenient := newEncryption(t, &idem.EncryptionConfig{AcceptPlaintext: true}, "1")
+		lenient := newEncryption(t, &idemcrypt.Config{AcceptPlaintext: true}, "1")
 		if r, err := lenient.Open(ctx, scope, key, want); err != nil || r != want {
 			t.Fatalf("plain record with AcceptPlaintext: %v %v", r, err)
 		}
@@ -270,25 +272,25 @@ func FuzzEnvelopeOpen(f *testing.F) {
 
 func TestNewEncryption(t *testing.T) {
 	t.Parallel()
-	kr, _ := idem.NewKeyring(idem.KeyringKey{ID: "1", Key: testKey("1")})
-	if _, err := idem.NewEncryption(nil, nil); err == nil {
+	kr, _ := idemcrypt.NewKeyring(idemcrypt.Key{ID: "1", Key: testKey("1")})
+	if _, err := idemcrypt.New(nil, nil); err == nil {
 		t.Error("nil provider accepted")
 	}
-	if _, err := idem.NewEncryption(kr, &idem.EncryptionConfig{HashKey: make([]byte, 16)}); err == nil {
+	if _, err := idemcrypt.New(kr, &idemcrypt.Config{HashKey: make([]byte, 16)}); err == nil {
 		t.Error("16-byte HashKey accepted")
 	}
-	if _, err := idem.NewKeyring(idem.KeyringKey{ID: "1", Key: make([]byte, 24)}); err == nil {
+	if _, err := idemcrypt.NewKeyring(idemcrypt.Key{ID: "1", Key: make([]byte, 24)}); err == nil {
 		t.Error("AES-192 key accepted")
 	}
-	if _, err := idem.NewKeyring(); err == nil {
+	if _, err := idemcrypt.NewKeyring(); err == nil {
 		t.Error("empty keyring accepted")
 	}
 }
 
 func TestConformanceEncrypted(t *testing.T) {
-	enc := newEncryption(t, &idem.EncryptionConfig{HashKey: testKey("hash")}, "1")
+	enc := newEncryption(t, &idemcrypt.Config{HashKey: testKey("hash")}, "1")
 	storetest.Run(t, storetest.Harness{
-		NewStore: func(t *testing.T) idem.Store {
+		NewStore: func(t *testing.T) idemstore.Store {
 			s, err := memstore.New(nil)
 			if err != nil {
 				t.Fatal(err)
@@ -307,14 +309,14 @@ type recordingStore struct {
 	seen [][]byte
 }
 
-func (s *recordingStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *recordingStore) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	s.mu.Lock()
 	s.seen = append(s.seen, []byte(p.Scope+"\x00"+p.Key))
 	s.mu.Unlock()
 	return s.Store.Claim(ctx, p)
 }
 
-func (s *recordingStore) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *recordingStore) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	b, _ := p.Response.MarshalBinary()
 	s.mu.Lock()
 	s.seen = append(s.seen, []byte(p.Scope+"\x00"+p.Key), b)
@@ -340,7 +342,7 @@ type encServer struct {
 	runs *atomic.Int64
 }
 
-func newEncServer(t *testing.T, store idem.Store, enc *idem.Encryption, runs *atomic.Int64, failOpen bool) encServer {
+func newEncServer(t *testing.T, store idemstore.Store, enc *idemcrypt.Encryption, runs *atomic.Int64, failOpen bool) encServer {
 	t.Helper()
 	mw, err := idem.NewMiddleware(store, &idem.Config{Encryption: enc, FailOpen: failOpen,
 		TenantFunc: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
@@ -396,7 +398,7 @@ func TestEncryptionMiddleware(t *testing.T) {
 	t.Parallel()
 	ms, _ := memstore.New(nil)
 	store := &recordingStore{Store: ms}
-	enc := newEncryption(t, &idem.EncryptionConfig{HashKey: testKey("hash")}, "1")
+	enc := newEncryption(t, &idemcrypt.Config{HashKey: testKey("hash")}, "1")
 	var runs atomic.Int64
 	srv := newEncServer(t, store, enc, &runs, false)
 	first := srv.pay(t, "tenant-SECRET", "order-SECRET-1")
@@ -474,25 +476,25 @@ func TestLoadKeyring(t *testing.T) {
 	if err := os.WriteFile(good, []byte(keyringText("a", "b")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	kr, err := idem.LoadKeyring(good)
+	kr, err := idemcrypt.LoadKeyring(good)
 	if err != nil || kr.CurrentID() != "b" {
 		t.Fatalf("LoadKeyring: %v", err)
 	}
-	if _, err := idem.LoadKeyring(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := idemcrypt.LoadKeyring(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: %v", err)
 	}
 	huge := filepath.Join(dir, "huge")
 	if err := os.WriteFile(huge, bytes.Repeat([]byte("# padding\n"), 120_000), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idem.LoadKeyring(huge); err == nil || !strings.Contains(err.Error(), "limit") {
+	if _, err := idemcrypt.LoadKeyring(huge); err == nil || !strings.Contains(err.Error(), "limit") {
 		t.Errorf("a 1.2 MB file: %v, want the size limit", err)
 	}
 	bad := filepath.Join(dir, "bad")
 	if err := os.WriteFile(bad, []byte("1:AAAA\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idem.LoadKeyring(bad); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "line 1") {
+	if _, err := idemcrypt.LoadKeyring(bad); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "line 1") {
 		t.Errorf("malformed file: %v, want the file and the line", err)
 	}
 }
@@ -507,7 +509,7 @@ type watchRecorder struct {
 	watched chan struct{}
 }
 
-func (s *watchRecorder) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *watchRecorder) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	s.mu.Lock()
 	s.claims[p.Scope+"\x00"+p.Key] = true
 	s.mu.Unlock()
@@ -531,7 +533,7 @@ func TestEncryptionWaitModeWatchesStoredNames(t *testing.T) {
 	t.Parallel()
 	ms, _ := memstore.New(nil)
 	store := &watchRecorder{Store: ms, claims: map[string]bool{}, watched: make(chan struct{}, 1)}
-	enc := newEncryption(t, &idem.EncryptionConfig{HashKey: testKey("hash")}, "1")
+	enc := newEncryption(t, &idemcrypt.Config{HashKey: testKey("hash")}, "1")
 	exec, err := idem.NewExecutor(store, &idem.Config{Encryption: enc, Wait: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -112,7 +112,8 @@ func ExampleStep() {
 		}
 		_, err = idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
 			key, _ := idem.DeriveKey(ctx, "charge") // the provider's Idempotency-Key
-			fence, _ := idem.FenceFromContext(ctx)  // for a downstream that checks fences
+			info, _ := idem.InfoFromContext(ctx)
+			fence := info.Fence // for a downstream that checks fences
 			if providerDown {
 				return nil, errors.New("provider unavailable")
 			}

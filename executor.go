@@ -11,13 +11,25 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Errors returned by Executor.Do. The middleware maps each to its HTTP
 // answer.
 var (
 	// ErrInFlight: another attempt with the same key is running (409).
-	ErrInFlight = errors.New("idem: a request with this key is in progress")
+	ErrInFlight = idemstore.ErrInFlight
+
+	// ErrLeaseLost: the operation's lease was lost (another attempt took
+	// the record over after it expired), so its result was discarded (503).
+	ErrLeaseLost = idemstore.ErrLeaseLost
+
+	// ErrRecordUnreadable: a record exists but what it holds cannot be
+	// decrypted (Config.Encryption; see ErrRecordUnreadable):
+	// 503 idempotency.record_unreadable, and the operation does not run.
+	ErrRecordUnreadable = idemcrypt.ErrRecordUnreadable
 
 	// ErrFingerprintMismatch: the key was already used with a different
 	// request (422). The stored response is never returned for it.
@@ -45,11 +57,11 @@ var (
 // the middleware, usable directly by non-HTTP code (message consumers, job
 // runners) with the same semantics.
 type Executor struct {
-	store   Store
-	txStore TxStore
+	store   idemstore.Store
+	txStore idemstore.TxStore
 	// claimer is the store's TxClaimer when Config.ClaimInTx is set.
-	claimer TxClaimer
-	watcher Watcher
+	claimer idemstore.TxClaimer
+	watcher idemstore.Watcher
 	phases  PhaseObserver // Config.Observer, if it traces phases
 	cfg     Config
 
@@ -68,7 +80,16 @@ func (e *Executor) newToken() string {
 }
 
 // NewExecutor returns an Executor on store. A nil cfg means all defaults.
-func NewExecutor(store Store, cfg *Config) (*Executor, error) {
+// It refuses a Config that sets a field marked "Middleware only".
+func NewExecutor(store idemstore.Store, cfg *Config) (*Executor, error) {
+	if name := cfg.middlewareOnlySet(); name != "" {
+		return nil, fmt.Errorf("idem: NewExecutor: Config.%s applies to the Middleware only, which reads it from each HTTP request; the Executor would ignore it (leave it unset, or use NewMiddleware)", name)
+	}
+	return newExecutor(store, cfg)
+}
+
+// newExecutor is NewExecutor for the Middleware, which uses every field.
+func newExecutor(store idemstore.Store, cfg *Config) (*Executor, error) {
 	if store == nil {
 		return nil, errors.New("idem: nil store")
 	}
@@ -77,14 +98,14 @@ func NewExecutor(store Store, cfg *Config) (*Executor, error) {
 		return nil, err
 	}
 	e := &Executor{store: store, cfg: rc, tokenPrefix: crand.Text() + "-"}
-	e.txStore, _ = store.(TxStore)
+	e.txStore, _ = store.(idemstore.TxStore)
 	if rc.ClaimInTx {
-		if e.claimer, _ = store.(TxClaimer); e.claimer == nil {
+		if e.claimer, _ = store.(idemstore.TxClaimer); e.claimer == nil {
 			return nil, fmt.Errorf("idem: Config.ClaimInTx needs a store that implements TxClaimer (sqlitestore, pgstore), not %T", store)
 		}
 	}
 	e.phases, _ = rc.Observer.(PhaseObserver)
-	e.watcher, _ = store.(Watcher)
+	e.watcher, _ = store.(idemstore.Watcher)
 	return e, nil
 }
 
@@ -106,6 +127,10 @@ type DoParams struct {
 	// the middleware puts there what Config.FingerprintFunc returned, so
 	// that a handler need not validate and normalise its body twice.
 	Payload []byte
+
+	// hold is set by Reconcile: when its attempt holds the record for an
+	// operator (steps.go).
+	hold *holdPolicy
 }
 
 // Result is the outcome of Executor.Do. Do always returns a non-nil Result,
@@ -131,7 +156,15 @@ type Result struct {
 	// after saving a recovery point (see Step): the record stays in flight
 	// and the next attempt with the key resumes after that point.
 	Suspended bool
+	// Held reports, with Suspended, that the record is held for an
+	// operator (see ReconcileParams.MaxAttempts): Reconcile no longer
+	// resumes it, though a retry with the key still does.
+	Held bool
 }
+
+// Response is an operation's response: what Executor.Do stores and
+// replays. The middleware fills it from what the handler wrote.
+type Response = idemstore.Response
 
 // Operation is the work Executor.Do runs at most once. Its context carries
 // the transaction (TxFromContext) on a TxStore and the RequestInfo, and is
@@ -162,10 +195,10 @@ func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, e
 // from, and the Result to fill (the middleware's lives in its per-request
 // state).
 func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.Time, res *Result) (*Result, error) {
-	// With EncryptionConfig.HashKey the stores see digests, never the
+	// With idemcrypt.Config.HashKey the stores see digests, never the
 	// client's values; p keeps them for the operation and the logs.
 	storedScope, storedKey := e.cfg.Encryption.StoredKey(p.Scope, p.Key)
-	cp := ClaimParams{
+	cp := idemstore.ClaimParams{
 		Scope:       storedScope,
 		Key:         storedKey,
 		Fingerprint: p.Fingerprint,
@@ -183,7 +216,7 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 	for {
 		cp.Now = e.cfg.NowFunc()
 		var (
-			cr  ClaimResult
+			cr  idemstore.ClaimResult
 			err error
 			tx  *txHolder
 		)
@@ -197,13 +230,13 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 		}
 		res.ExpiresAt = cr.Record.ExpiresAt
 		switch cr.Outcome {
-		case ClaimAcquired:
+		case idemstore.ClaimAcquired:
 			return e.execute(ctx, p, cp, cr, tx, op, res, start)
 
-		case ClaimCompleted:
+		case idemstore.ClaimCompleted:
 			return res, e.replay(ctx, p, cr.Record.Response, res, start)
 
-		case ClaimMismatch:
+		case idemstore.ClaimMismatch:
 			// A record written under an older fingerprint encoding is
 			// compared in its own version before calling it a mismatch.
 			if v := fingerprintVersionOf(cr.Record.Fingerprint); !triedVersion && p.FingerprintAt != nil &&
@@ -217,17 +250,17 @@ func (e *Executor) do(ctx context.Context, p DoParams, op Operation, start time.
 			e.emit(ctx, Event{Kind: EventMismatch, Operation: p.Operation, Status: 422, Code: CodeKeyReused, Waited: res.Waited}, start)
 			return res, ErrFingerprintMismatch
 
-		case ClaimInFlight:
+		case idemstore.ClaimInFlight:
 			if e.cfg.Wait <= 0 {
 				e.emit(ctx, Event{Kind: EventInFlight, Operation: p.Operation, Status: 409, Code: CodeRequestInProgress}, start)
-				return res, ErrInFlight
+				return res, idemstore.ErrInFlight
 			}
 			if w == nil {
 				w = e.newWaiter()
 			}
 			res.Waited = true
 			if err := w.wait(ctx, cp.Scope, cp.Key); err != nil {
-				if errors.Is(err, ErrInFlight) {
+				if errors.Is(err, idemstore.ErrInFlight) {
 					e.emit(ctx, Event{Kind: EventInFlight, Operation: p.Operation, Status: 409, Code: CodeRequestInProgress, Waited: true}, start)
 				}
 				return res, err
@@ -262,7 +295,7 @@ func (e *Executor) replay(ctx context.Context, p DoParams, resp *Response, res *
 
 // claim calls Store.Claim within StoreTimeout: a store that stops answering
 // must not hold the request for as long as the client waits.
-func (e *Executor) claim(ctx context.Context, p *DoParams, cp ClaimParams) (ClaimResult, error) {
+func (e *Executor) claim(ctx context.Context, p *DoParams, cp idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	ctx, end := e.phase(ctx, PhaseClaim, p)
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
 	defer cancel()
@@ -276,23 +309,23 @@ func (e *Executor) claim(ctx context.Context, p *DoParams, cp ClaimParams) (Clai
 // execution; the transaction's context is not the request's (work that
 // was done is recorded even if the client has gone), and it is cancelled
 // only if ClaimTx outlives StoreTimeout, or once the transaction ended.
-func (e *Executor) claimTx(ctx context.Context, p *DoParams, cp ClaimParams) (ClaimResult, *txHolder, error) {
+func (e *Executor) claimTx(ctx context.Context, p *DoParams, cp idemstore.ClaimParams) (idemstore.ClaimResult, *txHolder, error) {
 	pctx, end := e.phase(ctx, PhaseClaim, p)
 	h := &txHolder{store: e.claimer, ctx: context.WithoutCancel(pctx), timeout: e.cfg.StoreTimeout}
 	var (
-		cr ClaimResult
-		tx StoreTx
+		cr idemstore.ClaimResult
+		tx idemstore.Tx
 	)
 	err := h.run(func(ctx context.Context) (err error) {
 		cr, tx, err = e.claimer.ClaimTx(ctx, cp)
 		return err
-	}, func() StoreTx { t := tx; tx = nil; return t }) // run rolls back what it takes
+	}, func() idemstore.Tx { t := tx; tx = nil; return t }) // run rolls back what it takes
 	end(err)
 	if tx == nil {
 		h.end()
 		return cr, nil, err
 	}
-	if err == nil && (cr.Outcome != ClaimAcquired || cr.TookOver) {
+	if err == nil && (cr.Outcome != idemstore.ClaimAcquired || cr.TookOver) {
 		err = fmt.Errorf("ClaimTx answered %v (took over: %v) with an open transaction", cr.Outcome, cr.TookOver)
 	}
 	if err != nil {
@@ -323,7 +356,7 @@ func (e *Executor) emit(ctx context.Context, ev Event, start time.Time) {
 // execution is one run of an operation under a claim it owns.
 type execution struct {
 	p        DoParams
-	ids      ReleaseParams // the record and its owner token
+	ids      idemstore.ReleaseParams // the record and its owner token
 	start    time.Time
 	tookOver bool
 	info     RequestInfo // what InfoFromContext returns
@@ -348,7 +381,7 @@ var errPanicked = errors.New("idem: the operation panicked")
 // claimed, if not nil, holds the transaction ClaimTx wrote the claim in:
 // the operation runs in it, and no lease renewal runs, since nobody can take
 // an uncommitted claim over.
-func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr ClaimResult, claimed *txHolder, op Operation, res *Result, start time.Time) (*Result, error) {
+func (e *Executor) execute(ctx context.Context, p DoParams, cp idemstore.ClaimParams, cr idemstore.ClaimResult, claimed *txHolder, op Operation, res *Result, start time.Time) (*Result, error) {
 	res.TookOver = cr.TookOver
 	if cr.TookOver {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: took over a record whose lease had expired",
@@ -365,7 +398,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	detached := context.WithoutCancel(ctx)
 	x := &execution{
 		p:        p,
-		ids:      ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token},
+		ids:      idemstore.ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token},
 		start:    start,
 		tookOver: cr.TookOver,
 		info: RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload,
@@ -398,7 +431,7 @@ func (e *Executor) execute(ctx context.Context, p DoParams, cp ClaimParams, cr C
 	returned = true
 	end(opErr)
 	released, err := e.record(detached, x, resp, opErr)
-	res.Suspended = x.steps.suspended
+	res.Suspended, res.Held = x.steps.suspended, x.steps.held
 	if err != nil {
 		return res, err
 	}
@@ -424,16 +457,19 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		if tx != nil {
 			e.rollback(ctx, tx)
 		}
-		return false, e.leaseLost(ctx, x, ErrLeaseLost)
+		return false, e.leaseLost(ctx, x, idemstore.ErrLeaseLost)
 	}
 	if opErr != nil || resp == nil || e.cfg.OutcomeFunc(resp.StatusCode) == OutcomeRelease {
 		// After a recovery point the record is kept for the next attempt
 		// instead (steps.go).
-		if err := e.releaseOrSuspend(ctx, x, tx); errors.Is(err, ErrLeaseLost) {
+		if err := e.releaseOrSuspend(ctx, x, tx); errors.Is(err, idemstore.ErrLeaseLost) {
 			return false, e.leaseLost(ctx, x, err)
 		}
 		ev := Event{Kind: EventReleased, Operation: x.p.Operation, TookOver: x.tookOver, Err: opErr}
-		if x.steps.suspended {
+		switch {
+		case x.steps.held:
+			ev.Kind = EventHeld
+		case x.steps.suspended:
 			ev.Kind = EventSuspended
 		}
 		if resp != nil {
@@ -443,12 +479,12 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		return true, opErr
 	}
 
-	cp := CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
+	cp := idemstore.CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
 	if tx != nil {
 		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
 		err := e.completeTx(pctx, tx, cp, x.p)
 		end(err)
-		if errors.Is(err, ErrLeaseLost) {
+		if errors.Is(err, idemstore.ErrLeaseLost) {
 			e.rollback(ctx, tx)
 			return false, e.leaseLost(ctx, x, err)
 		}
@@ -464,7 +500,7 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 		err := e.completeWith(sctx, e.store.Complete, cp, x.p)
 		cancel()
 		end(err)
-		if errors.Is(err, ErrLeaseLost) {
+		if errors.Is(err, idemstore.ErrLeaseLost) {
 			return false, e.leaseLost(ctx, x, err)
 		}
 		if err != nil {
@@ -483,7 +519,7 @@ func (e *Executor) record(ctx context.Context, x *execution, resp *Response, opE
 
 // completeTx completes the record inside the operation's transaction and
 // commits both, each call within StoreTimeout.
-func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams, dp DoParams) error {
+func (e *Executor) completeTx(ctx context.Context, tx idemstore.Tx, p idemstore.CompleteParams, dp DoParams) error {
 	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
 	err := e.completeWith(sctx, tx.Complete, p, dp)
 	cancel()
@@ -499,7 +535,7 @@ func (e *Executor) completeTx(ctx context.Context, tx StoreTx, p CompleteParams,
 // record so that the key can be used again. A failure other than
 // ErrLeaseLost is logged and reported: the record then stays in flight until
 // its lease expires, when a retry takes it over.
-func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error {
+func (e *Executor) release(ctx context.Context, x *execution, tx idemstore.Tx) error {
 	if tx != nil {
 		e.rollback(ctx, tx)
 	}
@@ -514,7 +550,7 @@ func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error 
 	p.Now = e.cfg.NowFunc()
 	err := e.store.Release(sctx, p)
 	end(err)
-	if err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: release failed; the key stays blocked until its lease expires",
 			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
 		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Err: err}, x.start)
@@ -522,7 +558,7 @@ func (e *Executor) release(ctx context.Context, x *execution, tx StoreTx) error 
 	return err
 }
 
-func (e *Executor) rollback(ctx context.Context, tx StoreTx) {
+func (e *Executor) rollback(ctx context.Context, tx idemstore.Tx) {
 	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
 	defer cancel()
 	if err := tx.Rollback(sctx); err != nil {
@@ -536,14 +572,14 @@ func (e *Executor) rollback(ctx context.Context, tx StoreTx) {
 //
 // With Config.Encryption the store receives the sealed response, bound to
 // the record's (scope, key) as the client named them (dp).
-func (e *Executor) completeWith(ctx context.Context, complete func(context.Context, CompleteParams) error, p CompleteParams, dp DoParams) error {
+func (e *Executor) completeWith(ctx context.Context, complete func(context.Context, idemstore.CompleteParams) error, p idemstore.CompleteParams, dp DoParams) error {
 	resp := p.Response
 	var err error
 	if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, resp); err != nil {
 		return err
 	}
 	err = complete(ctx, p)
-	if errors.Is(err, ErrResponseTooLarge) && !resp.Unreplayable {
+	if errors.Is(err, idemstore.ErrResponseTooLarge) && !resp.Unreplayable {
 		if p.Response, err = e.cfg.Encryption.Seal(ctx, dp.Scope, dp.Key, &Response{StatusCode: resp.StatusCode, Unreplayable: true}); err != nil {
 			return err
 		}
@@ -569,7 +605,7 @@ type renewer struct {
 	e      *Executor
 	ctx    context.Context // the request's values, without its cancellation
 	x      *execution
-	params RenewParams
+	params idemstore.RenewParams
 	cancel context.CancelCauseFunc // cancels the operation
 	every  time.Duration
 
@@ -581,9 +617,9 @@ type renewer struct {
 	inflight context.CancelFunc // cancels the renewal in progress
 }
 
-func (e *Executor) startRenewer(r *renewer, ctx context.Context, x *execution, cp ClaimParams, cancel context.CancelCauseFunc) {
+func (e *Executor) startRenewer(r *renewer, ctx context.Context, x *execution, cp idemstore.ClaimParams, cancel context.CancelCauseFunc) {
 	r.e, r.ctx, r.x, r.cancel = e, ctx, x, cancel
-	r.params = RenewParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Lease: cp.Lease}
+	r.params = idemstore.RenewParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Lease: cp.Lease}
 	r.every = cp.Lease / 3
 	r.leaseEnd = cp.Now.Add(cp.Lease)
 	r.mu.Lock()
@@ -618,7 +654,7 @@ func (r *renewer) fire() {
 		// The operation has returned; this renewal no longer matters.
 	case err == nil:
 		r.leaseEnd = p.Now.Add(p.Lease)
-	case errors.Is(err, ErrLeaseLost):
+	case errors.Is(err, idemstore.ErrLeaseLost):
 		r.lost = true
 	default:
 		leaseOver = !r.e.cfg.NowFunc().Before(r.leaseEnd)
@@ -641,15 +677,15 @@ func (r *renewer) report(err error, leaseOver bool) {
 	switch {
 	case err == nil:
 		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.p.Operation}, r.x.start)
-	case errors.Is(err, ErrLeaseLost):
-		r.cancel(ErrLeaseLost)
+	case errors.Is(err, idemstore.ErrLeaseLost):
+		r.cancel(idemstore.ErrLeaseLost)
 	case leaseOver:
 		// The lease ran out while the store could not be reached: another
 		// attempt may own the record now, so the operation must stop.
 		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease expired while renewals failed; cancelling the operation",
 			op, key, slog.Any("error", err))
 		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
-		r.cancel(ErrLeaseLost)
+		r.cancel(idemstore.ErrLeaseLost)
 	default:
 		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease renewal failed; retrying", op, key, slog.Any("error", err))
 		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
@@ -683,12 +719,12 @@ func (r *renewer) lostByStore() bool {
 // the executor when the operation returns. A nil *txHolder (a store without
 // transactions) holds nothing.
 type txHolder struct {
-	store   TxStore
+	store   idemstore.TxStore
 	ctx     context.Context
 	timeout time.Duration
 
 	mu     sync.Mutex
-	tx     StoreTx
+	tx     idemstore.Tx
 	err    error
 	closed bool
 	cancel context.CancelCauseFunc // ends the context the transaction began with
@@ -697,7 +733,7 @@ type txHolder struct {
 	claimed bool
 }
 
-func (h *txHolder) get() (StoreTx, error) {
+func (h *txHolder) get() (idemstore.Tx, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -710,12 +746,12 @@ func (h *txHolder) get() (StoreTx, error) {
 }
 
 // begin calls BeginTx within the store timeout.
-func (h *txHolder) begin() (StoreTx, error) {
-	var tx StoreTx
+func (h *txHolder) begin() (idemstore.Tx, error) {
+	var tx idemstore.Tx
 	err := h.run(func(ctx context.Context) (err error) {
 		tx, err = h.store.BeginTx(ctx)
 		return err
-	}, func() StoreTx { return tx })
+	}, func() idemstore.Tx { return tx })
 	if err != nil {
 		return nil, fmt.Errorf("%w: begin: %w", ErrStoreUnavailable, err)
 	}
@@ -728,7 +764,7 @@ func (h *txHolder) begin() (StoreTx, error) {
 // a context with a deadline, but one that a timer cancels only if start
 // has not returned in time, and that end cancels after the transaction is
 // over. started returns the transaction start opened, if any.
-func (h *txHolder) run(start func(context.Context) error, started func() StoreTx) error {
+func (h *txHolder) run(start func(context.Context) error, started func() idemstore.Tx) error {
 	ctx, cancel := context.WithCancelCause(h.ctx)
 	timer := time.AfterFunc(h.timeout, func() { cancel(context.DeadlineExceeded) })
 	err := start(ctx)
@@ -752,7 +788,7 @@ func (h *txHolder) run(start func(context.Context) error, started func() StoreTx
 
 // close returns the transaction, if one was begun, and refuses to begin
 // one afterwards.
-func (h *txHolder) close() StoreTx {
+func (h *txHolder) close() idemstore.Tx {
 	if h == nil {
 		return nil
 	}
@@ -770,13 +806,13 @@ func (h *txHolder) end() {
 	}
 }
 
-func (h *txHolder) renewer() TxRenewer {
+func (h *txHolder) renewer() idemstore.TxRenewer {
 	if h == nil {
 		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	tr, _ := h.tx.(TxRenewer)
+	tr, _ := h.tx.(idemstore.TxRenewer)
 	return tr
 }
 
@@ -788,7 +824,7 @@ func (h *txHolder) renewer() TxRenewer {
 // (sqlitestore.Tx, pgstore.Tx). Outside such an execution it returns
 // ErrNoTx; if the store does not answer within Config.StoreTimeout, an
 // error wrapping ErrStoreUnavailable.
-func TxFromContext(ctx context.Context) (StoreTx, error) {
+func TxFromContext(ctx context.Context) (idemstore.Tx, error) {
 	x, ok := ctx.Value(execKey{}).(*execution)
 	if !ok || x.tx == nil {
 		return nil, ErrNoTx
@@ -858,7 +894,7 @@ func (w *waiter) wait(ctx context.Context, scope, key string) error {
 	case <-changed:
 	case <-w.timer.C:
 	case <-w.deadline.C:
-		return ErrInFlight
+		return idemstore.ErrInFlight
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}

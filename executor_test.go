@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -35,28 +37,28 @@ func (s *journalTxStore) entries() []string {
 	return append([]string(nil), s.journal...)
 }
 
-func (s *journalTxStore) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *journalTxStore) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	s.log("store.complete")
 	return s.Store.Complete(ctx, p)
 }
 
-func (s *journalTxStore) Release(ctx context.Context, p idem.ReleaseParams) error {
+func (s *journalTxStore) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 	s.log("store.release")
 	return s.Store.Release(ctx, p)
 }
 
-func (s *journalTxStore) BeginTx(ctx context.Context) (idem.StoreTx, error) {
+func (s *journalTxStore) BeginTx(ctx context.Context) (idemstore.Tx, error) {
 	s.log("begin")
 	return &journalTx{s: s}, nil
 }
 
 type journalTx struct {
 	s       *journalTxStore
-	pending *idem.CompleteParams
+	pending *idemstore.CompleteParams
 	done    bool
 }
 
-func (tx *journalTx) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (tx *journalTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	tx.s.log("tx.complete")
 	tx.pending = &p
 	return nil
@@ -318,13 +320,13 @@ func TestCompletionContextOutlivesTheClient(t *testing.T) {
 type ctxSpyKey struct{}
 
 type ctxSpy struct {
-	idem.Store
+	idemstore.Store
 	seen  *context.Context
 	err   error
 	value any
 }
 
-func (s *ctxSpy) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *ctxSpy) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	*s.seen = ctx
 	s.err = ctx.Err()
 	s.value = ctx.Value(ctxSpyKey{})
@@ -362,5 +364,39 @@ func TestPanicKeepsTheOperationsStack(t *testing.T) {
 		return &idem.Response{StatusCode: 201}, nil
 	}); err != nil || res.Replayed {
 		t.Fatalf("retry after a panic: %+v %v", res, err)
+	}
+}
+
+// NewExecutor refuses every field the Executor would ignore, naming it;
+// NewMiddleware takes the same Config.
+func TestNewExecutorRefusesMiddlewareOnlyFields(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]*idem.Config{
+		"Requirement":        {Requirement: idem.KeyRequired},
+		"RequiredMethods":    {RequiredMethods: []string{"PUT"}},
+		"KeyHeader":          {KeyHeader: "Webhook-Id"},
+		"ValidateKeyFunc":    {ValidateKeyFunc: func(string) error { return nil }},
+		"TenantFunc":         {TenantFunc: func(*http.Request) (string, error) { return "", nil }},
+		"OperationFunc":      {OperationFunc: func(*http.Request) string { return "" }},
+		"FingerprintFunc":    {FingerprintFunc: func(*http.Request, []byte) ([]byte, error) { return nil, nil }},
+		"FingerprintExclude": {FingerprintExclude: []string{"/a"}},
+		"FingerprintInclude": {FingerprintInclude: []string{"/a"}},
+		"MaxRequestBody":     {MaxRequestBody: 10},
+		"MaxResponseBody":    {MaxResponseBody: 10},
+		"ReplayDenyHeaders":  {ReplayDenyHeaders: []string{}},
+		"FailOpen":           {FailOpen: true},
+		"ProblemBaseURL":     {ProblemBaseURL: "https://example.com/#"},
+		"ErrorFunc":          {ErrorFunc: func(http.ResponseWriter, *http.Request, *idem.Problem) {}},
+	} {
+		store := newMemStore(t)
+		if _, err := idem.NewExecutor(store, cfg); err == nil || !strings.Contains(err.Error(), "Config."+name+" applies to the Middleware only") {
+			t.Errorf("NewExecutor with %s: %v, want a refusal naming it", name, err)
+		}
+		if _, err := idem.NewMiddleware(store, cfg); err != nil {
+			t.Errorf("NewMiddleware with %s: %v", name, err)
+		}
+	}
+	if _, err := idem.NewExecutor(newMemStore(t), &idem.Config{Lease: time.Minute, Wait: time.Second}); err != nil {
+		t.Errorf("NewExecutor with shared fields only: %v", err)
 	}
 }

@@ -9,29 +9,6 @@ import (
 	"errors"
 )
 
-// FenceFromContext returns the fencing token of the idempotent execution
-// ctx belongs to, and false outside one (or on a store that does not
-// provide fences, where it is zero).
-//
-// The token of a claim is greater than the token of every earlier claim or
-// take-over of the same key. Send it with every write to a downstream
-// system that can compare it (a column, a header); the downstream system
-// refuses a write whose token is lower than the highest it has accepted
-// for that key, so that an owner whose lease was taken over, and which
-// does not know it yet, cannot overwrite its successor's work:
-//
-//	UPDATE accounts SET balance = $1, fence = $2
-//	WHERE id = $3 AND fence <= $2
-//
-// changes no row for a stale owner.
-func FenceFromContext(ctx context.Context) (int64, bool) {
-	info, ok := InfoFromContext(ctx)
-	if !ok || info.Fence == 0 {
-		return 0, false
-	}
-	return info.Fence, true
-}
-
 // derivedKeyPrefix starts every derived key, so that a derived key is never
 // mistaken for a client's.
 const derivedKeyPrefix = "idem-"

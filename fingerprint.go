@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"mime"
 	"strings"
+
+	"github.com/idemhq/idem/canonjson"
 )
 
 // FingerprintVersion names the request encoding that Fingerprint hashes. It
@@ -50,7 +52,7 @@ type FingerprintInput struct {
 // lower case, parameters sorted, the charset value in lower case, and a
 // charset of utf-8 dropped for JSON (JSON is always UTF-8). The body kind is
 // "json" when the media type is application/json or ends in +json and the
-// body is not empty (the body is then replaced by its AppendCanonicalJSON
+// body is not empty (the body is then replaced by its canonjson.Append
 // form), "payload" for application-normalised payloads, and "bytes" for
 // everything else, which is hashed as sent.
 //
@@ -75,7 +77,7 @@ func Fingerprint(in FingerprintInput) (string, error) {
 		// known: write the body first, then the prefix, then rotate.
 		start := len(buf)
 		var err error
-		buf, err = AppendCanonicalJSON(buf, in.Body)
+		buf, err = canonjson.Append(buf, in.Body)
 		if err != nil {
 			*bp = buf[:0]
 			return "", err

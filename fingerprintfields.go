@@ -6,35 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
-)
 
-// ParseJSONPointer splits an RFC 6901 JSON Pointer ("/order/items/0/sku")
-// into its reference tokens, unescaping "~1" to "/" and "~0" to "~". The
-// empty pointer "" names the whole document and has no tokens. A pointer
-// that does not start with "/", or holds a "~" not followed by 0 or 1, is
-// an error.
-//
-// (Pointer syntax is a dozen lines of RFC 6901; the core module keeps to the
-// standard library rather than import a JSON Pointer package for it.)
-func ParseJSONPointer(p string) ([]string, error) {
-	if p == "" {
-		return nil, nil
-	}
-	if p[0] != '/' {
-		return nil, fmt.Errorf("idem: JSON Pointer %q does not start with \"/\"", p)
-	}
-	tokens := strings.Split(p[1:], "/")
-	for i, t := range tokens {
-		for j := 0; j < len(t); j++ {
-			if t[j] == '~' && (j+1 == len(t) || (t[j+1] != '0' && t[j+1] != '1')) {
-				return nil, fmt.Errorf("idem: JSON Pointer %q has a \"~\" not followed by 0 or 1", p)
-			}
-		}
-		tokens[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
-	}
-	return tokens, nil
-}
+	"github.com/idemhq/idem/canonjson"
+)
 
 // fieldSelection is Config.FingerprintInclude and FingerprintExclude,
 // parsed.
@@ -53,14 +27,14 @@ func newFieldSelection(include, exclude []string) (*fieldSelection, error) {
 	}
 	fs := &fieldSelection{}
 	for _, p := range include {
-		t, err := ParseJSONPointer(p)
+		t, err := canonjson.ParsePointer(p)
 		if err != nil {
 			return nil, fmt.Errorf("FingerprintInclude: %w", err)
 		}
 		fs.include, fs.names = append(fs.include, t), append(fs.names, p)
 	}
 	for _, p := range exclude {
-		t, err := ParseJSONPointer(p)
+		t, err := canonjson.ParsePointer(p)
 		if err != nil {
 			return nil, fmt.Errorf("FingerprintExclude: %w", err)
 		}
@@ -83,7 +57,7 @@ func (fs *fieldSelection) apply(body []byte) ([]byte, error) {
 	dec.UseNumber()
 	var doc any
 	if err := dec.Decode(&doc); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+		return nil, fmt.Errorf("%w: %v", canonjson.ErrInvalid, err)
 	}
 	if len(fs.include) > 0 {
 		picked := make(map[string]any, len(fs.include))

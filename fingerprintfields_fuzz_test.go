@@ -3,6 +3,8 @@ package idem
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/idemhq/idem/canonjson"
 )
 
 // FuzzFingerprintFields selects fields of arbitrary JSON with arbitrary
@@ -23,7 +25,7 @@ func FuzzFingerprintFields(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if _, err := AppendCanonicalJSON(nil, []byte(body)); err != nil {
+		if _, err := canonjson.Append(nil, []byte(body)); err != nil {
 			return // the middleware refuses such bodies before selecting
 		}
 		out, err := fs.apply([]byte(body))

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/dunglas/httpsfv"
+	"github.com/idemhq/idem/canonjson"
 )
 
 // MaxKeyLength is the longest key, in bytes after unquoting, that ParseKey
@@ -21,6 +22,12 @@ var (
 	// ErrKeyInvalid reports an Idempotency-Key field that is not exactly one
 	// string of 1 to MaxKeyLength printable ASCII characters.
 	ErrKeyInvalid = errors.New("idem: Idempotency-Key header is invalid")
+
+	// ErrInvalidJSON reports a JSON request body that cannot be
+	// canonicalised for its fingerprint (see canonjson.ErrInvalid): the
+	// middleware answers 400 idempotency.body_invalid, and Fingerprint
+	// returns an error wrapping it.
+	ErrInvalidJSON = canonjson.ErrInvalid
 )
 
 // ParseKey returns the key named by the Idempotency-Key field values of one

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemhq/idem/canonjson"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Middleware makes HTTP handlers safe to retry: see the package
@@ -32,8 +35,8 @@ type Middleware struct {
 // NewMiddleware returns a Middleware that keeps its records in store. A nil
 // cfg means all defaults. Several middlewares (for routes with different
 // settings) may share one store.
-func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
-	exec, err := NewExecutor(store, cfg)
+func NewMiddleware(store idemstore.Store, cfg *Config) (*Middleware, error) {
+	exec, err := newExecutor(store, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -229,7 +232,7 @@ func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, p *Pro
 func (m *Middleware) problemFor(err error, res *Result) *Problem {
 	retryAfter := m.cfg.retryAfterSeconds()
 	switch {
-	case errors.Is(err, ErrInFlight):
+	case errors.Is(err, idemstore.ErrInFlight):
 		return &Problem{Status: http.StatusConflict, Code: CodeRequestInProgress,
 			Title:      "A request with this Idempotency-Key is in progress",
 			Detail:     "An earlier request with the same key has not finished yet; retry after the indicated delay to receive its response.",
@@ -244,7 +247,7 @@ func (m *Middleware) problemFor(err error, res *Result) *Problem {
 			fmt.Sprintf("The request with this key completed with status %d, but its response was too large or streamed and was not stored. It will not be executed again with this key.", res.Response.StatusCode))
 		p.Extensions = map[string]any{"originalStatus": res.Response.StatusCode}
 		return p
-	case errors.Is(err, ErrLeaseLost):
+	case errors.Is(err, idemstore.ErrLeaseLost):
 		return &Problem{Status: http.StatusServiceUnavailable, Code: CodeLeaseLost,
 			Title:      "The request lost its claim on the Idempotency-Key",
 			Detail:     "Another attempt took over this key while the request ran; its result was discarded. Retry with the same key to receive the outcome.",
@@ -363,7 +366,7 @@ func (m *Middleware) fingerprint(r *http.Request, op string, body []byte) (strin
 		if _, isJSON := normaliseMediaType(in.ContentType); isJSON {
 			// The canonicaliser checks the body first: it is stricter
 			// than encoding/json, which selects the fields.
-			if _, err := AppendCanonicalJSON(nil, body); err != nil {
+			if _, err := canonjson.Append(nil, body); err != nil {
 				return "", nil, err
 			}
 			selected, err := m.fields.apply(body)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -309,13 +310,13 @@ func TestParallelDuplicatesExecuteOnce(t *testing.T) {
 // test knows a duplicate is waiting. Without Watch it hides the store's
 // Watcher, and wait mode must poll.
 type signalStore struct {
-	idem.Store
+	idemstore.Store
 	inflight chan struct{}
 }
 
-func (s *signalStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *signalStore) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	r, err := s.Store.Claim(ctx, p)
-	if err == nil && r.Outcome == idem.ClaimInFlight {
+	if err == nil && r.Outcome == idemstore.ClaimInFlight {
 		select {
 		case s.inflight <- struct{}{}:
 		default:
@@ -328,7 +329,7 @@ func (s *signalStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim
 type signalWatcher struct{ *signalStore }
 
 func (s signalWatcher) Watch(ctx context.Context, scope, key string) (<-chan struct{}, error) {
-	return s.Store.(idem.Watcher).Watch(ctx, scope, key)
+	return s.Store.(idemstore.Watcher).Watch(ctx, scope, key)
 }
 
 func TestWaitModeReplaysInsteadOf409(t *testing.T) {
@@ -338,7 +339,7 @@ func TestWaitModeReplaysInsteadOf409(t *testing.T) {
 			t.Parallel()
 			shared, _ := memstore.New(nil)
 			sig := &signalStore{Store: shared, inflight: make(chan struct{}, 1)}
-			var waiterStore idem.Store = sig
+			var waiterStore idemstore.Store = sig
 			if name == "watcher" {
 				waiterStore = signalWatcher{sig}
 			}
@@ -612,9 +613,9 @@ func TestInFlightAfterSeveralLeasePeriods(t *testing.T) {
 
 // failingRenew makes every renewal fail as a network partition would,
 // while claims and completions still work.
-type failingRenew struct{ idem.Store }
+type failingRenew struct{ idemstore.Store }
 
-func (failingRenew) Renew(context.Context, idem.RenewParams) error {
+func (failingRenew) Renew(context.Context, idemstore.RenewParams) error {
 	return errors.New("partitioned")
 }
 
@@ -658,7 +659,7 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	// The stale owner's renewer notices and cancels its context.
 	select {
 	case cause := <-cancelled:
-		if !errors.Is(cause, idem.ErrLeaseLost) {
+		if !errors.Is(cause, idemstore.ErrLeaseLost) {
 			t.Errorf("stale handler's context cause: %v, want ErrLeaseLost", cause)
 		}
 	case <-time.After(20 * time.Second):
@@ -694,7 +695,7 @@ func TestExpiredKeyIsNew(t *testing.T) {
 	if r := b.post(body1, "k"); r.status != 201 || r.header.Get(idem.HeaderReplayed) != "false" || bytes.Equal(r.body, first.body) {
 		t.Fatal("the key was not new after its TTL")
 	}
-	n, err := b.store.DeleteExpired(context.Background(), idem.DeleteExpiredParams{Limit: 10, Now: clock.Now().Add(2 * time.Hour)})
+	n, err := b.store.DeleteExpired(context.Background(), idemstore.DeleteExpiredParams{Limit: 10, Now: clock.Now().Add(2 * time.Hour)})
 	if err != nil || n != 1 {
 		t.Fatalf("DeleteExpired = %d, %v", n, err)
 	}
@@ -702,10 +703,10 @@ func TestExpiredKeyIsNew(t *testing.T) {
 
 // Rule 10: store failure.
 
-type brokenStore struct{ idem.Store }
+type brokenStore struct{ idemstore.Store }
 
-func (brokenStore) Claim(context.Context, idem.ClaimParams) (idem.ClaimResult, error) {
-	return idem.ClaimResult{}, errors.New("connection refused")
+func (brokenStore) Claim(context.Context, idemstore.ClaimParams) (idemstore.ClaimResult, error) {
+	return idemstore.ClaimResult{}, errors.New("connection refused")
 }
 
 func TestStoreDownFailsClosed(t *testing.T) {

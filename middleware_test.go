@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -26,7 +27,7 @@ import (
 type testBundle struct {
 	t      *testing.T
 	srv    *httptest.Server
-	store  idem.Store
+	store  idemstore.Store
 	calls  atomic.Int64
 	events *eventLog
 	clock  *fakeClock
@@ -98,7 +99,7 @@ func (l *eventLog) waitFor(t *testing.T, k idem.EventKind, n int) {
 
 type options struct {
 	cfg   *idem.Config
-	store idem.Store
+	store idemstore.Store
 	route string
 }
 

@@ -42,6 +42,10 @@ const (
 	// a recovery point (see Step); the record stays for the next attempt
 	// to resume, instead of being released.
 	EventSuspended
+	// EventHeld: as EventSuspended, and the record is held for an operator
+	// (ReconcileParams.MaxAttempts, MaxAge): reconciliation no longer
+	// resumes it.
+	EventHeld
 )
 
 var eventKindNames = [...]string{
@@ -56,6 +60,7 @@ var eventKindNames = [...]string{
 	EventUnavailable: "unavailable",
 	EventRenewed:     "renewed",
 	EventSuspended:   "suspended",
+	EventHeld:        "held",
 }
 
 func (k EventKind) String() string {

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Step errors.
@@ -49,11 +51,17 @@ const checkpointVersion = 1
 type checkpointDoc struct {
 	V     int         `json:"v"`
 	Steps []StepState `json:"steps"`
+	// Since is when the operation's first recovery point was saved, by
+	// the core's clock: the start of its age (ReconcileParams.MaxAge).
+	Since time.Time `json:"since,omitzero"`
+	// Attempts counts the attempts that ended without a stored outcome
+	// (suspensions), a client's and the reconciler's alike
+	// (ReconcileParams.MaxAttempts).
+	Attempts int `json:"attempts,omitempty"`
+	// Held reports that the record is held for an operator: once set, it
+	// stays set until the operation reaches a stored outcome.
+	Held bool `json:"held,omitempty"`
 }
-
-// MaxCheckpoint bounds an encoded checkpoint: step data is meant to be
-// small (identifiers, a provider's charge id), not documents.
-const MaxCheckpoint = 64 << 10
 
 // ParseCheckpoint decodes a checkpoint (Record.Checkpoint,
 // StuckRecord.Checkpoint) into its steps, in the order they were first
@@ -62,23 +70,31 @@ const MaxCheckpoint = 64 << 10
 // Executor.Reconcile hands its resume function opened ones): ParseCheckpoint
 // refuses it with an error wrapping ErrRecordUnreadable.
 func ParseCheckpoint(b []byte) ([]StepState, error) {
+	d, err := parseCheckpointDoc(b)
+	return d.Steps, err
+}
+
+func parseCheckpointDoc(b []byte) (checkpointDoc, error) {
+	var d checkpointDoc
 	if len(b) == 0 {
-		return nil, nil
+		return d, nil
 	}
 	if b[0] != '{' {
-		return nil, fmt.Errorf("%w: the checkpoint is encrypted or not JSON: open it with Encryption.OpenCheckpoint", ErrRecordUnreadable)
+		return d, fmt.Errorf("%w: the checkpoint is encrypted or not JSON: open it with Encryption.OpenCheckpoint", ErrRecordUnreadable)
 	}
-	if len(b) > MaxCheckpoint {
-		return nil, fmt.Errorf("idem: checkpoint of %d bytes, limit %d", len(b), MaxCheckpoint)
+	if len(b) > idemstore.MaxCheckpoint {
+		return d, fmt.Errorf("idem: checkpoint of %d bytes, limit %d", len(b), idemstore.MaxCheckpoint)
 	}
-	var d checkpointDoc
 	if err := json.Unmarshal(b, &d); err != nil {
-		return nil, fmt.Errorf("idem: checkpoint: %w", err)
+		return checkpointDoc{}, fmt.Errorf("idem: checkpoint: %w", err)
 	}
 	if d.V != checkpointVersion {
-		return nil, fmt.Errorf("idem: checkpoint version %d, want %d", d.V, checkpointVersion)
+		return checkpointDoc{}, fmt.Errorf("idem: checkpoint version %d, want %d", d.V, checkpointVersion)
 	}
-	return d.Steps, nil
+	if d.Attempts < 0 {
+		return checkpointDoc{}, fmt.Errorf("idem: checkpoint with %d attempts", d.Attempts)
+	}
+	return d, nil
 }
 
 // stepRunFrom returns the step state of the execution ctx belongs to, or
@@ -95,7 +111,7 @@ func stepRunFrom(ctx context.Context) *stepRun {
 // allocation; ss is nil when the store is not a StepStore.
 type stepRun struct {
 	e      *Executor
-	ss     StepStore
+	ss     idemstore.StepStore
 	holder *txHolder
 	scope  string // the record as stores name it
 	key    string
@@ -104,26 +120,32 @@ type stepRun struct {
 	// what a sealed checkpoint is bound to.
 	name DoParams
 
-	mu    sync.Mutex
-	steps []StepState
+	mu sync.Mutex
+	// doc is the checkpoint as last saved or inherited, with the steps
+	// recorded so far.
+	doc checkpointDoc
+	// raw is the inherited checkpoint as stored, kept for holding a record
+	// whose checkpoint cannot be decoded (err).
+	raw []byte
 	// saved reports that the record holds a checkpoint (inherited by a
 	// take-over or saved by this execution).
 	saved bool
 	err   error
 	// suspended reports that the execution ended by keeping the record at
-	// its recovery point (set by releaseOrSuspend).
-	suspended bool
+	// its recovery point (set by releaseOrSuspend), and held that it was
+	// kept held for an operator.
+	suspended, held bool
 }
 
 // init prepares the step state of an execution of p under the claim cp;
 // checkpoint is the record's recovery point, opened (see openCheckpoint).
-func (r *stepRun) init(e *Executor, p DoParams, cp ClaimParams, holder *txHolder, checkpoint []byte) {
+func (r *stepRun) init(e *Executor, p DoParams, cp idemstore.ClaimParams, holder *txHolder, checkpoint []byte) {
 	r.e, r.holder, r.scope, r.key, r.token = e, holder, cp.Scope, cp.Key, cp.Token
 	r.name = DoParams{Scope: p.Scope, Key: p.Key, Fingerprint: cp.Fingerprint}
-	r.ss, _ = e.store.(StepStore)
+	r.ss, _ = e.store.(idemstore.StepStore)
 	if r.ss != nil && len(checkpoint) > 0 {
-		r.steps, r.err = ParseCheckpoint(checkpoint)
-		r.saved = true
+		r.doc, r.err = parseCheckpointDoc(checkpoint)
+		r.raw, r.saved = checkpoint, true
 	}
 }
 
@@ -172,8 +194,8 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte
 		r.mu.Unlock()
 		return nil, r.err
 	}
-	if i := r.find(name); i >= 0 && r.steps[i].Done {
-		data := slices.Clone(r.steps[i].Data)
+	if i := r.find(name); i >= 0 && r.doc.Steps[i].Done {
+		data := slices.Clone(r.doc.Steps[i].Data)
 		r.mu.Unlock()
 		return data, nil
 	}
@@ -208,11 +230,11 @@ func StepsFromContext(ctx context.Context) []StepState {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return slices.Clone(r.steps)
+	return slices.Clone(r.doc.Steps)
 }
 
 func (r *stepRun) find(name string) int {
-	return slices.IndexFunc(r.steps, func(s StepState) bool { return s.Name == name })
+	return slices.IndexFunc(r.doc.Steps, func(s StepState) bool { return s.Name == name })
 }
 
 // rollback discards the open transaction, if any, so that a failed step's
@@ -231,19 +253,23 @@ func (r *stepRun) rollback() {
 // save records st in the checkpoint and commits it: through the open
 // transaction, with the step's writes, if there is one.
 func (r *stepRun) save(ctx context.Context, st StepState) error {
-	steps := slices.Clone(r.steps)
+	doc := r.doc
+	doc.V, doc.Steps = checkpointVersion, slices.Clone(r.doc.Steps)
 	if i := r.find(st.Name); i >= 0 {
-		steps[i] = st
+		doc.Steps[i] = st
 	} else {
-		steps = append(steps, st)
+		doc.Steps = append(doc.Steps, st)
 	}
-	enc, err := json.Marshal(checkpointDoc{V: checkpointVersion, Steps: steps})
+	if doc.Since.IsZero() {
+		doc.Since = r.e.cfg.NowFunc().UTC()
+	}
+	enc, err := json.Marshal(doc)
 	if err != nil {
 		return err
 	}
-	if len(enc) > MaxCheckpoint {
+	if len(enc) > idemstore.MaxCheckpoint {
 		r.rollback()
-		return fmt.Errorf("idem: step %q: checkpoint of %d bytes, limit %d", st.Name, len(enc), MaxCheckpoint)
+		return fmt.Errorf("idem: step %q: checkpoint of %d bytes, limit %d", st.Name, len(enc), idemstore.MaxCheckpoint)
 	}
 	// Committing a step that was done must not depend on the client still
 	// waiting; StoreTimeout bounds it instead.
@@ -254,12 +280,12 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 		r.rollback()
 		return fmt.Errorf("%w: step %q: %w", ErrStoreUnavailable, st.Name, err)
 	}
-	p := SaveCheckpointParams{Scope: r.scope, Key: r.key, Token: r.token, Checkpoint: enc}
+	p := idemstore.SaveCheckpointParams{Scope: r.scope, Key: r.key, Token: r.token, Checkpoint: enc}
 	tx, end := r.holder.take()
 	defer end()
 	p.Now = r.e.cfg.NowFunc()
 	if tx != nil {
-		ct, ok := tx.(CheckpointTx)
+		ct, ok := tx.(idemstore.CheckpointTx)
 		if !ok {
 			_ = tx.Rollback(sctx)
 			return fmt.Errorf("%w: the store's transaction cannot save a checkpoint", ErrStepsUnsupported)
@@ -275,12 +301,12 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 		err = r.ss.SaveCheckpoint(sctx, p)
 	}
 	if err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			return fmt.Errorf("idem: step %q: %w", st.Name, ErrLeaseLost)
+		if errors.Is(err, idemstore.ErrLeaseLost) {
+			return fmt.Errorf("idem: step %q: %w", st.Name, idemstore.ErrLeaseLost)
 		}
 		return fmt.Errorf("%w: step %q: %w", ErrStoreUnavailable, st.Name, err)
 	}
-	r.steps, r.saved = steps, true
+	r.doc, r.saved = doc, true
 	return nil
 }
 
@@ -290,7 +316,7 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 // other is released. The operation's open transaction rolls back either
 // way. A failure other than ErrLeaseLost is logged and reported: the record
 // then stays in flight until its lease expires.
-func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx StoreTx) error {
+func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx idemstore.Tx) error {
 	r := &x.steps
 	r.mu.Lock()
 	keep := r.ss != nil && r.saved
@@ -302,36 +328,93 @@ func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx StoreT
 	if tx != nil {
 		e.rollback(ctx, tx)
 	}
-	err := r.suspend(ctx, x.ids)
-	if err != nil && !errors.Is(err, ErrLeaseLost) {
+	newlyHeld, err := r.suspend(ctx, x.ids, x.p.hold)
+	if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: keeping the record at its recovery point failed; it stays in flight until its lease expires",
 			slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Any("error", err))
 		e.emit(ctx, Event{Kind: EventStoreError, Operation: x.p.Operation, Err: err}, x.start)
 	}
+	if newlyHeld {
+		r.mu.Lock()
+		attempts, since := r.doc.Attempts, r.doc.Since
+		r.mu.Unlock()
+		attrs := []slog.Attr{slog.String("operation", x.p.Operation), keyAttr(x.p.Key), slog.Int("attempts", attempts)}
+		if !since.IsZero() {
+			attrs = append(attrs, slog.Duration("age", e.cfg.NowFunc().Sub(since).Round(time.Second)))
+		}
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: the operation is held for an operator: reconciliation no longer resumes it (a retry with its key still does)", attrs...)
+	}
 	return err
 }
 
-// suspend saves the checkpoint again with the lease ended. An unreadable
-// checkpoint is not rewritten: releasing would forget the steps that were
-// done, so the record is left as it is (fail closed) until its lease ends.
-func (r *stepRun) suspend(ctx context.Context, ids ReleaseParams) error {
+// holdPolicy decides when a reconciling execution holds its record for an
+// operator (ReconcileParams.MaxAttempts, MaxAge). A nil policy (a client's
+// attempt) never holds a record that is not held already.
+type holdPolicy struct {
+	maxAttempts int
+	maxAge      time.Duration
+	// always holds the record whatever its attempts and age: the
+	// reconciler could not rebuild the operation.
+	always bool
+}
+
+// holds reports whether d, which has ended one more attempt, must be held.
+func (p *holdPolicy) holds(d checkpointDoc, now time.Time) bool {
+	switch {
+	case p == nil:
+		return false
+	case p.always:
+		return true
+	case p.maxAttempts > 0 && d.Attempts >= p.maxAttempts:
+		return true
+	}
+	return p.maxAge > 0 && !d.Since.IsZero() && now.Sub(d.Since) >= p.maxAge
+}
+
+// suspend saves the checkpoint again with the lease ended, one more attempt
+// counted, and held for an operator if it was already or pol says so; it
+// reports whether this made the record held. An unreadable checkpoint is not
+// rewritten: releasing would forget the steps that were done, so the record
+// is left as it is (fail closed) until its lease ends, unless pol holds it
+// whatever its state, which saves the inherited bytes back unchanged.
+func (r *stepRun) suspend(ctx context.Context, ids idemstore.ReleaseParams, pol *holdPolicy) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := r.e.cfg.NowFunc()
+	p := idemstore.SaveCheckpointParams{Scope: ids.Scope, Key: ids.Key, Token: ids.Token, EndLease: true, Now: now}
+	doc := r.doc
 	if r.err != nil {
-		return r.err
-	}
-	enc, err := json.Marshal(checkpointDoc{V: checkpointVersion, Steps: r.steps})
-	if err != nil {
-		return err
+		if pol == nil || !pol.always {
+			return false, r.err
+		}
+		p.Checkpoint, p.Hold = r.raw, true
+	} else {
+		doc.V = checkpointVersion
+		doc.Attempts++
+		if doc.Since.IsZero() {
+			doc.Since = now.UTC() // a checkpoint saved before ages were kept
+		}
+		doc.Held = doc.Held || pol.holds(doc, now)
+		enc, err := json.Marshal(doc)
+		if err != nil {
+			return false, err
+		}
+		p.Checkpoint, p.Hold = enc, doc.Held
 	}
 	sctx, cancel := context.WithTimeout(ctx, r.e.cfg.StoreTimeout)
 	defer cancel()
-	if enc, err = r.seal(sctx, enc); err != nil {
-		return err
+	// What is saved is sealed as every checkpoint is (r.raw is the
+	// inherited checkpoint as opened, see openCheckpoint).
+	var err error
+	if p.Checkpoint, err = r.seal(sctx, p.Checkpoint); err != nil {
+		return false, err
 	}
-	return r.ss.SaveCheckpoint(sctx, SaveCheckpointParams{
-		Scope: ids.Scope, Key: ids.Key, Token: ids.Token, Checkpoint: enc, EndLease: true, Now: r.e.cfg.NowFunc(),
-	})
+	if err := r.ss.SaveCheckpoint(sctx, p); err != nil {
+		return false, err
+	}
+	newly := p.Hold && !r.doc.Held
+	r.doc, r.held = doc, p.Hold
+	return newly, nil
 }
 
 // seal returns the form of an encoded checkpoint to store: sealed and
@@ -347,7 +430,7 @@ func (r *stepRun) seal(ctx context.Context, enc []byte) ([]byte, error) {
 // still open it) with its lease ended, so that the next attempt is not
 // held up for a lease, and the error, wrapping ErrRecordUnreadable, is
 // logged and reported.
-func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp ClaimParams, stored []byte, start time.Time) ([]byte, error) {
+func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp idemstore.ClaimParams, stored []byte, start time.Time) ([]byte, error) {
 	if len(stored) == 0 {
 		return nil, nil
 	}
@@ -357,9 +440,9 @@ func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp ClaimParam
 	if err == nil {
 		return plain, nil
 	}
-	if ss, ok := e.store.(StepStore); ok {
-		if kerr := ss.SaveCheckpoint(sctx, SaveCheckpointParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token,
-			Checkpoint: stored, EndLease: true, Now: e.cfg.NowFunc()}); kerr != nil && !errors.Is(kerr, ErrLeaseLost) {
+	if ss, ok := e.store.(idemstore.StepStore); ok {
+		if kerr := ss.SaveCheckpoint(sctx, idemstore.SaveCheckpointParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token,
+			Checkpoint: stored, EndLease: true, Now: e.cfg.NowFunc()}); kerr != nil && !errors.Is(kerr, idemstore.ErrLeaseLost) {
 			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: ending the lease of a record whose recovery point cannot be decrypted failed; it stays in flight until its lease expires",
 				slog.String("operation", p.Operation), keyAttr(p.Key), slog.Any("error", kerr))
 		}
@@ -367,33 +450,10 @@ func (e *Executor) openCheckpoint(ctx context.Context, p DoParams, cp ClaimParam
 	return nil, e.unreadable(ctx, p, start, "recovery point", err)
 }
 
-// reconcileOne resumes one stuck record; ErrInFlight means another
-// attempt is running it.
-func (e *Executor) reconcileOne(ctx context.Context, p ReconcileParams, rec StuckRecord, resume func(ctx context.Context, rec StuckRecord) (Operation, error)) error {
-	// The resume function reads the steps: it gets them opened. Do opens
-	// the checkpoint again from its own claim.
-	octx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-	cp, err := e.cfg.Encryption.OpenCheckpoint(octx, rec.Scope, rec.Key, rec.Fingerprint, rec.Checkpoint)
-	cancel()
-	if err != nil {
-		return err
-	}
-	rec.Checkpoint = cp
-	op, err := resume(ctx, rec)
-	if err != nil {
-		return err
-	}
-	r, err := e.Do(ctx, DoParams{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint, Operation: p.Operation}, op)
-	if err == nil && (r.Released || r.Suspended) {
-		err = errors.New("the operation ended without a stored outcome")
-	}
-	return err
-}
-
 // take hands over the open transaction, if any, with the function that
 // ends its context once it is committed or rolled back; the next get
 // begins a new transaction. A nil holder holds nothing.
-func (h *txHolder) take() (StoreTx, func()) {
+func (h *txHolder) take() (idemstore.Tx, func()) {
 	if h == nil {
 		return nil, func() {}
 	}
@@ -415,6 +475,22 @@ type ReconcileParams struct {
 	// Operation names the operation in events and logs. Defaults to
 	// "reconcile".
 	Operation string
+	// Concurrency bounds the operations one call resumes at the same
+	// time, so that a slow or hopeless operation holds up only its own
+	// slot. Defaults to 4.
+	Concurrency int
+	// MaxAttempts bounds the life of an operation under reconciliation:
+	// once this many of its attempts (a client's included) have ended
+	// without a stored outcome, the attempt that reached it holds the
+	// record for an operator (see Record.Held). Zero means no limit
+	// beyond the record's TTL, which a take-over never extends. Defaults
+	// to no limit.
+	MaxAttempts int
+	// MaxAge is MaxAttempts by age: an attempt that ends without a stored
+	// outcome this long or longer after the operation's first recovery
+	// point holds the record. Zero means no limit beyond the TTL.
+	// Defaults to no limit.
+	MaxAge time.Duration
 }
 
 // ReconcileResult reports what one Executor.Reconcile call did.
@@ -424,66 +500,147 @@ type ReconcileResult struct {
 	// Completed is the number that ran to a stored outcome.
 	Completed int
 	// Failed is the number whose resumption failed; the error returned
-	// joins their errors. They stay stuck and are found again.
+	// joins their errors. They stay stuck and are found again, unless
+	// they were held.
 	Failed int
+	// Held is the number of the failed ones that this call held for an
+	// operator (MaxAttempts, MaxAge, or an operation that resume could
+	// not rebuild): Stuck no longer returns them, so no later call
+	// resumes them.
+	Held int
 }
 
 // Reconcile drives operations stuck after a recovery point to completion:
 // operations whose attempt died (a crash, a lost lease, a provider that
 // stayed down) after saving a step, and that no client retried. For each
-// stuck record the store returns, resume returns the operation to run (the
-// same code the original request ran, rebuilt from the record's steps and
-// the application's own state); Reconcile runs it through Do with the
+// stuck record the store returns (oldest lease first, so that an operation
+// resumed in vain goes to the back), resume returns the operation to run
+// (the same code the original request ran, rebuilt from the record's steps
+// and the application's own state); Reconcile runs it through Do with the
 // record's scope, key and fingerprint, so that it takes the record over,
 // skips the completed steps and calls downstream systems again with the
-// same derived keys. An operation that another attempt is running
-// (ErrInFlight) is left to it. Run Reconcile periodically, from one or many
-// instances: the claims keep each operation to one runner at a time.
-// resume gets the record's checkpoint opened (see Config.Encryption); a
-// record whose checkpoint cannot be opened counts as failed, with an error
-// wrapping ErrRecordUnreadable, and is not resumed.
+// same derived keys. Up to Concurrency operations run at once. An
+// operation that another attempt is running (ErrInFlight) is left to it.
+// Run Reconcile periodically, from one or many instances: the claims keep
+// each operation to one runner at a time. resume gets the record's
+// checkpoint opened (see Config.Encryption); a record whose checkpoint
+// cannot be opened counts as failed, with an error wrapping
+// ErrRecordUnreadable, and is not resumed.
+//
+// Reconciliation has a bounded life. An operation whose attempts reach
+// MaxAttempts, whose age reaches MaxAge, or whose operation resume cannot
+// rebuild (it returns an error) is held for an operator: it stays in
+// flight with its checkpoint until its TTL ends, Stuck returns it only
+// with StuckParams.Held, and Reconcile never resumes it again. A client's
+// retry with the same key still resumes it, and it stays held if that
+// attempt ends without an outcome too. The record's retention is never
+// extended by a take-over, so every record, held or not, ends with its
+// TTL.
 //
 // It returns ErrStepsUnsupported if the store is not a StepStore, and with
-// EncryptionConfig.HashKey, whose records do not hold the client's key.
-func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func(ctx context.Context, rec StuckRecord) (Operation, error)) (ReconcileResult, error) {
+// idemcrypt.Config.HashKey, whose records do not hold the client's key.
+func (e *Executor) Reconcile(ctx context.Context, p ReconcileParams, resume func(ctx context.Context, rec idemstore.StuckRecord) (Operation, error)) (ReconcileResult, error) {
 	var res ReconcileResult
-	ss, ok := e.store.(StepStore)
+	ss, ok := e.store.(idemstore.StepStore)
 	if !ok {
 		return res, ErrStepsUnsupported
 	}
-	if e.cfg.Encryption != nil && e.cfg.Encryption.hashKey != nil {
+	if e.cfg.Encryption.HashesKeys() {
 		// The records hold digests of the scope and key: the client's key,
 		// which DeriveKey and the sealed response need, is not stored.
 		// Clients' retries still resume their operations.
-		return res, fmt.Errorf("%w: Reconcile cannot resume records whose names are hashed (EncryptionConfig.HashKey)", ErrStepsUnsupported)
+		return res, fmt.Errorf("%w: Reconcile cannot resume records whose names are hashed (idemcrypt.Config.HashKey)", ErrStepsUnsupported)
 	}
-	if p.Limit <= 0 {
+	if p.MaxAttempts < 0 || p.MaxAge < 0 || p.Limit < 0 || p.Concurrency < 0 {
+		return res, fmt.Errorf("idem: ReconcileParams: negative Limit (%d), Concurrency (%d), MaxAttempts (%d) or MaxAge (%v)",
+			p.Limit, p.Concurrency, p.MaxAttempts, p.MaxAge)
+	}
+	if p.Limit == 0 {
 		p.Limit = 100
+	}
+	if p.Concurrency == 0 {
+		p.Concurrency = 4
 	}
 	if p.Operation == "" {
 		p.Operation = "reconcile"
 	}
 	sctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
-	recs, err := ss.Stuck(sctx, StuckParams{Limit: p.Limit, Now: e.cfg.NowFunc()})
+	recs, err := ss.Stuck(sctx, idemstore.StuckParams{Limit: p.Limit, Now: e.cfg.NowFunc()})
 	cancel()
 	if err != nil {
 		return res, fmt.Errorf("%w: stuck: %w", ErrStoreUnavailable, err)
 	}
 	res.Found = len(recs)
-	var errs []error
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	slots := make(chan struct{}, p.Concurrency)
 	for _, rec := range recs {
-		if err := ctx.Err(); err != nil {
-			return res, errors.Join(append(errs, err)...)
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
 		}
-		err := e.reconcileOne(ctx, p, rec, resume)
-		switch {
-		case errors.Is(err, ErrInFlight):
-		case err != nil:
-			res.Failed++
-			errs = append(errs, fmt.Errorf("idem: reconcile %s: %w", RedactKey(rec.Key), err))
-		default:
-			res.Completed++
+		if ctx.Err() != nil {
+			// Those not started yet stay stuck for the next call.
+			mu.Lock()
+			errs = append(errs, ctx.Err())
+			mu.Unlock()
+			break
 		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			done, held, err := e.reconcileOne(ctx, p, rec, resume)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case done:
+				res.Completed++
+			case err != nil:
+				res.Failed++
+				if held {
+					res.Held++
+				}
+				errs = append(errs, fmt.Errorf("idem: reconcile %s: %w", RedactKey(rec.Key), err))
+			}
+		})
 	}
+	wg.Wait()
 	return res, errors.Join(errs...)
+}
+
+// reconcileOne resumes one stuck operation. It reports whether the
+// operation reached a stored outcome, and otherwise whether its record is
+// held now and why it failed; an operation another attempt is running is
+// neither done nor failed.
+func (e *Executor) reconcileOne(ctx context.Context, p ReconcileParams, rec idemstore.StuckRecord, resume func(ctx context.Context, rec idemstore.StuckRecord) (Operation, error)) (done, held bool, err error) {
+	// The resume function reads the steps: it gets them opened. Do opens
+	// the checkpoint again from its own claim.
+	octx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+	opened, err := e.cfg.Encryption.OpenCheckpoint(octx, rec.Scope, rec.Key, rec.Fingerprint, rec.Checkpoint)
+	cancel()
+	if err != nil {
+		return false, false, err
+	}
+	rec.Checkpoint = opened
+	pol := &holdPolicy{maxAttempts: p.MaxAttempts, maxAge: p.MaxAge}
+	op, rerr := resume(ctx, rec)
+	if rerr != nil {
+		// Without its operation the record would be found again on every
+		// call, and never progress: it is held at once.
+		pol.always = true
+		op = func(context.Context) (*Response, error) { return nil, rerr }
+	}
+	r, err := e.Do(ctx, DoParams{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint, Operation: p.Operation, hold: pol}, op)
+	switch {
+	case errors.Is(err, idemstore.ErrInFlight):
+		return false, false, nil
+	case err == nil && (r.Released || r.Suspended):
+		err = errors.New("the operation ended without a stored outcome")
+	}
+	if rerr != nil && errors.Is(err, rerr) {
+		err = fmt.Errorf("resume: %w", rerr)
+	}
+	return err == nil, r.Held, err
 }

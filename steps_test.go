@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -82,7 +83,7 @@ func TestStepsResumeAfterTheLastRecoveryPoint(t *testing.T) {
 	if !errors.Is(err, idem.ErrOutcomeUnknown) || !res.Suspended || res.Released {
 		t.Fatalf("first attempt: err %v, suspended %v, released %v; want ErrOutcomeUnknown, suspended", err, res.Suspended, res.Released)
 	}
-	recs, err := store.Stuck(t.Context(), idem.StuckParams{Limit: 10, Now: time.Now()})
+	recs, err := store.Stuck(t.Context(), idemstore.StuckParams{Limit: 10, Now: time.Now()})
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("Stuck = %v, %v; want the suspended record", recs, err)
 	}
@@ -173,10 +174,11 @@ func TestStaleOwnerCannotCommitItsStep(t *testing.T) {
 	step := func(who string, inside, proceed chan struct{}) idem.Operation {
 		return func(ctx context.Context) (*idem.Response, error) {
 			_, err := idem.Step(ctx, "write", func(ctx context.Context) ([]byte, error) {
-				fence, ok := idem.FenceFromContext(ctx)
-				if !ok {
+				info, ok := idem.InfoFromContext(ctx)
+				if !ok || info.Fence == 0 {
 					return nil, errors.New("no fence")
 				}
+				fence := info.Fence
 				if inside != nil {
 					close(inside)
 					<-proceed
@@ -218,7 +220,7 @@ func TestStaleOwnerCannotCommitItsStep(t *testing.T) {
 	}
 	// The downstream system refused the write, and the executor reports the
 	// lost lease (the record belongs to the successor).
-	if !errors.Is(o.err, idem.ErrLeaseLost) {
+	if !errors.Is(o.err, idemstore.ErrLeaseLost) {
 		t.Errorf("stale owner's error = %v, want ErrLeaseLost", o.err)
 	}
 	if len(down.refused) != 1 || down.refused[0] != "stale" {
@@ -257,12 +259,12 @@ func TestStaleOwnerStepIsFencedByTheStore(t *testing.T) {
 	}()
 	<-inside
 	clock.Advance(2 * time.Hour)
-	if _, err := store.Claim(t.Context(), idem.ClaimParams{Scope: doParams("k").Scope, Key: "k", Fingerprint: "v1:abc",
+	if _, err := store.Claim(t.Context(), idemstore.ClaimParams{Scope: doParams("k").Scope, Key: "k", Fingerprint: "v1:abc",
 		Token: "successor", Lease: time.Hour, TTL: 24 * time.Hour, Now: clock.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	close(proceed)
-	if err := <-errc; !errors.Is(err, idem.ErrLeaseLost) {
+	if err := <-errc; !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("stale step: %v, want ErrLeaseLost", err)
 	}
 	_ = successor
@@ -274,9 +276,13 @@ func TestFencesGrowAcrossClaims(t *testing.T) {
 	var last int64
 	for i := range 3 {
 		_, err := exec.Do(t.Context(), doParams("k"), func(ctx context.Context) (*idem.Response, error) {
-			f, ok := idem.FenceFromContext(ctx)
-			if !ok || f <= last {
-				t.Errorf("claim %d: fence %d (%v), want > %d", i, f, ok, last)
+			info, ok := idem.InfoFromContext(ctx)
+			if !ok {
+				t.Fatalf("claim %d: no execution in the context", i)
+			}
+			f := info.Fence
+			if f <= last {
+				t.Errorf("claim %d: fence %d, want > %d", i, f, last)
 			}
 			last = f
 			return &idem.Response{StatusCode: 500}, nil // released: the key is claimed again
@@ -363,7 +369,7 @@ func TestReconcileCompletesStuckOperations(t *testing.T) {
 		t.Fatalf("first attempt: %v, suspended %v", err, res.Suspended)
 	}
 	up = true
-	rr, err := exec.Reconcile(t.Context(), idem.ReconcileParams{}, func(_ context.Context, rec idem.StuckRecord) (idem.Operation, error) {
+	rr, err := exec.Reconcile(t.Context(), idem.ReconcileParams{}, func(_ context.Context, rec idemstore.StuckRecord) (idem.Operation, error) {
 		steps, err := idem.ParseCheckpoint(rec.Checkpoint)
 		if err != nil || len(steps) != 1 || string(steps[0].Data) != "pay_9" {
 			return nil, fmt.Errorf("steps %+v: %v", steps, err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -44,28 +45,28 @@ func (s *stallStore) hang(ctx context.Context, name string) error {
 	return ctx.Err()
 }
 
-func (s *stallStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *stallStore) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	if err := s.hang(ctx, "Claim"); err != nil {
-		return idem.ClaimResult{}, err
+		return idemstore.ClaimResult{}, err
 	}
 	return s.Store.Claim(ctx, p)
 }
 
-func (s *stallStore) Renew(ctx context.Context, p idem.RenewParams) error {
+func (s *stallStore) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	if err := s.hang(ctx, "Renew"); err != nil {
 		return err
 	}
 	return s.Store.Renew(ctx, p)
 }
 
-func (s *stallStore) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *stallStore) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	if err := s.hang(ctx, "Complete"); err != nil {
 		return err
 	}
 	return s.Store.Complete(ctx, p)
 }
 
-func (s *stallStore) Release(ctx context.Context, p idem.ReleaseParams) error {
+func (s *stallStore) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 	if err := s.hang(ctx, "Release"); err != nil {
 		return err
 	}
@@ -79,7 +80,7 @@ func (s *stallStore) Watch(ctx context.Context, scope, key string) (<-chan struc
 	return s.Store.Watch(ctx, scope, key)
 }
 
-func (s *stallStore) BeginTx(ctx context.Context) (idem.StoreTx, error) {
+func (s *stallStore) BeginTx(ctx context.Context) (idemstore.Tx, error) {
 	if err := s.hang(ctx, "BeginTx"); err != nil {
 		return nil, err
 	}
@@ -88,10 +89,10 @@ func (s *stallStore) BeginTx(ctx context.Context) (idem.StoreTx, error) {
 
 type stallTx struct {
 	s       *stallStore
-	pending *idem.CompleteParams
+	pending *idemstore.CompleteParams
 }
 
-func (tx *stallTx) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (tx *stallTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	if err := tx.s.hang(ctx, "tx.Complete"); err != nil {
 		return err
 	}
@@ -155,7 +156,7 @@ func TestStalledStoreCallsAreBounded(t *testing.T) {
 		}},
 		{stall: "Renew", op: func(ctx context.Context) (*idem.Response, error) {
 			<-ctx.Done() // the lease runs out while renewals stall
-			if cause := context.Cause(ctx); !errors.Is(cause, idem.ErrLeaseLost) {
+			if cause := context.Cause(ctx); !errors.Is(cause, idemstore.ErrLeaseLost) {
 				return nil, cause
 			}
 			return nil, ctx.Err()
@@ -186,7 +187,7 @@ func TestStalledStoreCallsAreBounded(t *testing.T) {
 		t.Run(tc.stall, func(t *testing.T) {
 			t.Parallel()
 			s := newStallStore(t, tc.stall)
-			var store idem.Store = s
+			var store idemstore.Store = s
 			if !tc.tx {
 				store = plainStore{s} // hides BeginTx
 			}
@@ -228,17 +229,19 @@ func withTx(op idem.Operation) idem.Operation {
 // plainStore shows only the Store and Watcher methods of a stallStore.
 type plainStore struct{ s *stallStore }
 
-func (p plainStore) Claim(ctx context.Context, c idem.ClaimParams) (idem.ClaimResult, error) {
+func (p plainStore) Claim(ctx context.Context, c idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	return p.s.Claim(ctx, c)
 }
-func (p plainStore) Renew(ctx context.Context, r idem.RenewParams) error { return p.s.Renew(ctx, r) }
-func (p plainStore) Complete(ctx context.Context, c idem.CompleteParams) error {
+func (p plainStore) Renew(ctx context.Context, r idemstore.RenewParams) error {
+	return p.s.Renew(ctx, r)
+}
+func (p plainStore) Complete(ctx context.Context, c idemstore.CompleteParams) error {
 	return p.s.Complete(ctx, c)
 }
-func (p plainStore) Release(ctx context.Context, r idem.ReleaseParams) error {
+func (p plainStore) Release(ctx context.Context, r idemstore.ReleaseParams) error {
 	return p.s.Release(ctx, r)
 }
-func (p plainStore) DeleteExpired(ctx context.Context, d idem.DeleteExpiredParams) (int, error) {
+func (p plainStore) DeleteExpired(ctx context.Context, d idemstore.DeleteExpiredParams) (int, error) {
 	return p.s.DeleteExpired(ctx, d)
 }
 func (p plainStore) Watch(ctx context.Context, scope, key string) (<-chan struct{}, error) {
@@ -304,7 +307,7 @@ func TestStalledWatchIsBounded(t *testing.T) {
 	}()
 	answerWithin(t, "watch", done)
 	close(finish)
-	if !errors.Is(err, idem.ErrInFlight) {
+	if !errors.Is(err, idemstore.ErrInFlight) {
 		t.Errorf("duplicate: %v, want ErrInFlight after the wait", err)
 	}
 	if err := <-first; err != nil {

@@ -78,11 +78,7 @@ func writeChart(path string, r *report) error {
 	ref.Color = color.Gray{120}
 	p.Add(ref)
 	p.Y.Max = maxY * 1.1
-	labels := make([]string, len(paths))
-	for i, pth := range paths {
-		labels[i] = pth
-	}
-	p.NominalX(labels...)
+	p.NominalX(slices.Clone(paths)...)
 	p.Legend.Top = true
 	p.Legend.Left = false
 	p.Legend.Padding = vg.Points(2)

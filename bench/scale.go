@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/sqlitestore"
@@ -74,7 +75,7 @@ func newBulkRecord() (bulkRecord, error) {
 		return bulkRecord{}, err
 	}
 	body := fmt.Appendf(append([]byte{}, appResponsePrefix...), "%d}", len(bodyA))
-	resp := &idem.Response{StatusCode: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
+	resp := &idemstore.Response{StatusCode: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
 	enc, err := resp.MarshalBinary()
 	if err != nil {
 		return bulkRecord{}, err
@@ -455,20 +456,20 @@ func (e *env) runCleanup(ctx context.Context, r *report) error {
 		return err
 	}
 	past := time.Now().Add(-48 * time.Hour)
-	resp := &idem.Response{StatusCode: 201, Body: []byte(`{}`)}
+	resp := &idemstore.Response{StatusCode: 201, Body: []byte(`{}`)}
 	for i := range n {
-		p := idem.ClaimParams{Scope: "s", Key: fmt.Sprint("k", i), Fingerprint: "v1:x", Token: "t", Lease: time.Minute, TTL: 24 * time.Hour, Now: past}
+		p := idemstore.ClaimParams{Scope: "s", Key: fmt.Sprint("k", i), Fingerprint: "v1:x", Token: "t", Lease: time.Minute, TTL: 24 * time.Hour, Now: past}
 		if _, err := ms.Claim(ctx, p); err != nil {
 			return err
 		}
-		if err := ms.Complete(ctx, idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: "t", Response: resp, Now: past}); err != nil {
+		if err := ms.Complete(ctx, idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: "t", Response: resp, Now: past}); err != nil {
 			return err
 		}
 	}
 	start := time.Now()
 	deleted := 0
 	for {
-		k, err := ms.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: batch, Now: time.Now()})
+		k, err := ms.DeleteExpired(ctx, idemstore.DeleteExpiredParams{Limit: batch, Now: time.Now()})
 		if err != nil {
 			return err
 		}

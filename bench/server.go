@@ -21,6 +21,7 @@ import (
 	"github.com/gofiber/fiber/v3"
 	fiberidem "github.com/gofiber/fiber/v3/middleware/idempotency"
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/redisstore"
@@ -237,7 +238,7 @@ func runServeSystem(ctx context.Context, args []string) error {
 		var res deletion
 		start := time.Now()
 		for {
-			n, err := store.DeleteExpired(r.Context(), idem.DeleteExpiredParams{Limit: batch, Now: time.Now()})
+			n, err := store.DeleteExpired(r.Context(), idemstore.DeleteExpiredParams{Limit: batch, Now: time.Now()})
 			res.Calls++
 			res.Deleted += n
 			if err != nil {
@@ -273,7 +274,7 @@ type deletion struct {
 // buildSystem returns a function serving the system on a listener, its
 // idem store (nil for systems without one), and a function releasing its
 // resources.
-func buildSystem(ctx context.Context, o serverOpts, g *gate) (func(net.Listener) error, idem.Store, func(), error) {
+func buildSystem(ctx context.Context, o serverOpts, g *gate) (func(net.Listener) error, idemstore.Store, func(), error) {
 	switch o.system {
 	case sysFiberBare, sysFiberIdem:
 		app := fiberApp(o.system == sysFiberIdem, g)
@@ -294,7 +295,7 @@ func buildSystem(ctx context.Context, o serverOpts, g *gate) (func(net.Listener)
 var quietLogger = slog.New(slog.DiscardHandler)
 
 // buildHandler returns the net/http handler of a system and its store.
-func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, idem.Store, func(), error) {
+func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, idemstore.Store, func(), error) {
 	noop := func() {}
 	mux := http.NewServeMux()
 	if o.system == sysBare {
@@ -303,7 +304,7 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, ide
 		return mux, nil, noop, nil
 	}
 	var (
-		store   idem.Store
+		store   idemstore.Store
 		closeFn = noop
 	)
 	switch o.system {

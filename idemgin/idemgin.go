@@ -127,7 +127,8 @@ func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // CloseNotify is required by gin.ResponseWriter; the request context's Done
 // channel is what handlers should use.
 func (w *responseWriter) CloseNotify() <-chan bool {
-	if cn, ok := w.ResponseWriter.(http.CloseNotifier); ok { //nolint:staticcheck // gin's interface requires it
+	//lint:ignore SA1019 gin.ResponseWriter requires CloseNotify.
+	if cn, ok := w.ResponseWriter.(http.CloseNotifier); ok {
 		return cn.CloseNotify()
 	}
 	return make(chan bool)

@@ -1,8 +1,9 @@
 package idemgrpc
 
 import (
-	"github.com/idemhq/idem"
 	"testing"
+
+	"github.com/idemhq/idem"
 
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"

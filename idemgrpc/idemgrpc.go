@@ -10,9 +10,11 @@
 //   - the stored response is the serialized reply message, or the call's
 //     status (code, message, details) for a deterministic error;
 //   - missing or invalid key: InvalidArgument; another call with the key
-//     still running: Aborted with a RetryInfo detail; the key reused for
-//     another method or request message: FailedPrecondition; store
-//     unavailable: Unavailable with a RetryInfo detail. Each of these
+//     still running: Aborted with a RetryInfo detail; the key reused on
+//     the same method with another request message: FailedPrecondition
+//     (records are scoped by tenant and method, so the same key on another
+//     method is another record); store unavailable: Unavailable with a
+//     RetryInfo detail. Each of these
 //     carries an ErrorInfo detail (domain "idem") whose reason is the idem
 //     problem code, such as "idempotency.key_reused".
 //
@@ -23,12 +25,12 @@ package idemgrpc
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/internal/rpcidem"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -56,7 +58,7 @@ const (
 )
 
 // ErrorDomain is the domain of the ErrorInfo detail on idem's own errors.
-const ErrorDomain = "idem"
+const ErrorDomain = rpcidem.ErrorDomain
 
 // ServerOptions configure UnaryServerInterceptor. A nil *ServerOptions means
 // all defaults.
@@ -92,9 +94,7 @@ type ServerOptions struct {
 // DeadlineExceeded, Internal, Unknown, ResourceExhausted, Canceled,
 // DataLoss, Unimplemented), which invites a retry that should run again.
 func DefaultOutcome(c codes.Code) idem.Outcome {
-	switch c {
-	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
-		codes.FailedPrecondition, codes.OutOfRange, codes.Unauthenticated:
+	if rpcidem.DefaultStored(rpcidem.Code(c)) {
 		return idem.OutcomeStore
 	}
 	return idem.OutcomeRelease
@@ -103,8 +103,8 @@ func DefaultOutcome(c codes.Code) idem.Outcome {
 // Stored responses: the reply's bytes with status 200, or an error's
 // status (google.rpc.Status bytes) with the HTTP status gRPC maps its code
 // to, so that idem's events and metrics read naturally. The gRPC code is
-// kept in this header field.
-const storedCodeField = "Grpc-Status"
+// kept in this header field. idemconnect reads and writes the same format.
+const storedCodeField = rpcidem.CodeField
 
 // UnaryServerInterceptor returns an interceptor that runs each unary call
 // with a key at most once per key through exec (built with idem.NewExecutor;
@@ -138,11 +138,8 @@ func UnaryServerInterceptor(exec *idem.Executor, opts *ServerOptions) grpc.Unary
 			return handler(ctx, req)
 		}
 		key, err := idem.ParseKey(values)
-		if errors.Is(err, idem.ErrKeyMissing) {
-			return nil, idemError(codes.InvalidArgument, idem.CodeKeyMissing, "the idempotency-key metadata is required: send a unique value and reuse it on every retry of the call", 0)
-		}
 		if err != nil {
-			return nil, idemError(codes.InvalidArgument, idem.CodeKeyInvalid, err.Error(), 0)
+			return nil, answer(rpcidem.KeyAnswer(err, "the idempotency-key metadata"), 0)
 		}
 		tenant := ""
 		if o.TenantFunc != nil {
@@ -150,7 +147,7 @@ func UnaryServerInterceptor(exec *idem.Executor, opts *ServerOptions) grpc.Unary
 				if _, ok := status.FromError(err); ok {
 					return nil, err
 				}
-				return nil, idemError(codes.InvalidArgument, idem.CodeScopeInvalid, err.Error(), 0)
+				return nil, answer(rpcidem.ScopeAnswer(err), 0)
 			}
 		}
 		msg, ok := req.(proto.Message)
@@ -161,8 +158,7 @@ func UnaryServerInterceptor(exec *idem.Executor, opts *ServerOptions) grpc.Unary
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "idemgrpc: encode the request: %v", err)
 		}
-		fp, err := idem.Fingerprint(idem.FingerprintInput{Method: "grpc", Operation: info.FullMethod,
-			Target: info.FullMethod, ContentType: "application/grpc+proto", Body: body, Payload: true})
+		fp, err := rpcidem.Fingerprint(info.FullMethod, body)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "idemgrpc: fingerprint: %v", err)
 		}
@@ -177,7 +173,6 @@ func UnaryServerInterceptor(exec *idem.Executor, opts *ServerOptions) grpc.Unary
 		if !res.ExpiresAt.IsZero() && !res.Released {
 			_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataExpiresAt, res.ExpiresAt.UTC().Format(time.RFC3339)))
 		}
-		retry := o.RetryAfter
 		switch {
 		case err == nil && res.Replayed:
 			_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
@@ -188,16 +183,9 @@ func UnaryServerInterceptor(exec *idem.Executor, opts *ServerOptions) grpc.Unary
 				return decode(res.Response, info.FullMethod)
 			}
 			return reply, nil
-		case errors.Is(err, idem.ErrInFlight):
-			return nil, idemError(codes.Aborted, idem.CodeRequestInProgress, "a call with this idempotency key is in progress; retry after the indicated delay to receive its reply", retry)
-		case errors.Is(err, idem.ErrFingerprintMismatch):
-			return nil, idemError(codes.FailedPrecondition, idem.CodeKeyReused, "this idempotency key was used for a call with another method or request message; use a new key for a new call", 0)
-		case errors.Is(err, idem.ErrResponseUnavailable):
-			return nil, idemError(codes.FailedPrecondition, idem.CodeResponseUnavailable, "the call with this key completed, but its reply was too large to store; it will not run again with this key", 0)
-		case errors.Is(err, idem.ErrLeaseLost):
-			return nil, idemError(codes.Unavailable, idem.CodeLeaseLost, "another attempt took over this key while the call ran; its result was discarded; retry with the same key", retry)
-		case errors.Is(err, idem.ErrStoreUnavailable):
-			return nil, idemError(codes.Unavailable, idem.CodeStoreUnavailable, "the call did not run because its idempotency key could not be recorded; retry with the same key", retry)
+		}
+		if a, ok := rpcidem.ExecAnswer(err); ok {
+			return nil, answer(a, o.RetryAfter)
 		}
 		// The handler's own error, released so that a retry runs again.
 		return nil, err
@@ -227,7 +215,7 @@ func encode(reply any, herr error, outcome func(codes.Code) idem.Outcome) (*idem
 		body, err = proto.Marshal(m)
 	} else {
 		body, err = proto.Marshal(st.Proto())
-		code = httpStatus(st.Code())
+		code = rpcidem.HTTPStatus(rpcidem.Code(st.Code()))
 	}
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: encode the reply: %v", err)
@@ -288,40 +276,12 @@ func outputType(fullMethod string) protoreflect.MessageType {
 	return mt
 }
 
-// httpStatus is the HTTP status a stored gRPC code is recorded with, after
-// the mapping of google.rpc.Code.
-func httpStatus(c codes.Code) int {
-	switch c {
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return 400
-	case codes.Unauthenticated:
-		return 401
-	case codes.PermissionDenied:
-		return 403
-	case codes.NotFound:
-		return 404
-	case codes.AlreadyExists, codes.Aborted:
-		return 409
-	case codes.ResourceExhausted:
-		return 429
-	case codes.Canceled:
-		return 499
-	case codes.Unimplemented:
-		return 501
-	case codes.Unavailable:
-		return 503
-	case codes.DeadlineExceeded:
-		return 504
-	}
-	return 500
-}
-
-// idemError is one of idem's own errors: an ErrorInfo detail with the
-// problem code, and a RetryInfo detail when the client should retry.
-func idemError(c codes.Code, reason, msg string, retry time.Duration) error {
-	st := status.New(c, msg)
-	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Domain: ErrorDomain, Reason: reason}}
-	if retry > 0 {
+// answer is one of idem's own errors: an ErrorInfo detail with the problem
+// code, and a RetryInfo detail of retry when the client should retry.
+func answer(a rpcidem.Answer, retry time.Duration) error {
+	st := status.New(codes.Code(a.Code), a.Message)
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Domain: ErrorDomain, Reason: a.Reason}}
+	if a.Retry {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)})
 	}
 	if withDetails, err := st.WithDetails(details...); err == nil {

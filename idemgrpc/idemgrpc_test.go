@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemgrpc"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -100,7 +101,7 @@ type bundle struct {
 
 // setup starts a real gRPC server on a loopback port with the interceptor
 // on store, and two client connections to it.
-func setup(t *testing.T, store idem.Store, copts *idemgrpc.ClientOptions) *bundle {
+func setup(t *testing.T, store idemstore.Store, copts *idemgrpc.ClientOptions) *bundle {
 	t.Helper()
 	exec, err := idem.NewExecutor(store, &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -131,7 +132,7 @@ func setup(t *testing.T, store idem.Store, copts *idemgrpc.ClientOptions) *bundl
 	return b
 }
 
-func newStore(t *testing.T) idem.Store {
+func newStore(t *testing.T) idemstore.Store {
 	s, err := memstore.New(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -242,10 +243,10 @@ func TestInFlightIsAborted(t *testing.T) {
 }
 
 // downStore fails every call, as an unreachable database does.
-type downStore struct{ idem.Store }
+type downStore struct{ idemstore.Store }
 
-func (downStore) Claim(context.Context, idem.ClaimParams) (idem.ClaimResult, error) {
-	return idem.ClaimResult{}, errors.New("connection refused")
+func (downStore) Claim(context.Context, idemstore.ClaimParams) (idemstore.ClaimResult, error) {
+	return idemstore.ClaimResult{}, errors.New("connection refused")
 }
 
 func TestStoreDownIsUnavailable(t *testing.T) {
@@ -315,5 +316,29 @@ func TestRegisteredReplyTypeAndOptionalKey(t *testing.T) {
 	}
 	if b.health.runs.Load() != 3 {
 		t.Errorf("Check ran %d times, want 3", b.health.runs.Load())
+	}
+}
+
+// The scope is per method: one key on two methods names two records, so
+// the second call runs (it is not idempotency.key_reused); key_reused is
+// the same key on the same method with another request message.
+func TestKeyIsScopedByMethod(t *testing.T) {
+	t.Parallel()
+	b := setup(t, newStore(t), nil)
+	if _, _, err := call(t, b.conn, "shared", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), idemgrpc.MetadataKey, "shared")
+	var header metadata.MD
+	if _, err := healthpb.NewHealthClient(b.conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header)); err != nil {
+		t.Fatalf("the key of a Create call on Check: %v", err)
+	}
+	if b.health.runs.Load() != 1 || header.Get(idemgrpc.MetadataReplayed)[0] != "false" {
+		t.Errorf("Check with another method's key: ran %d times, replayed %v", b.health.runs.Load(), header.Get(idemgrpc.MetadataReplayed))
+	}
+	_, _, err := call(t, b.conn, "shared", "bob")
+	wantCode(t, "the key on the same method with another message", err, codes.FailedPrecondition, idem.CodeKeyReused)
+	if st, _ := status.FromError(err); strings.Contains(st.Message(), "another method") {
+		t.Errorf("the key_reused message blames another method: %q", st.Message())
 	}
 }

@@ -23,7 +23,7 @@
 // (consumer acknowledgement deadline times delivery attempts, or the
 // queue's message TTL).
 //
-// natsidem and amqpidem connect an Inbox to NATS JetStream and RabbitMQ.
+// idemnats and idemamqp connect an Inbox to NATS JetStream and RabbitMQ.
 package inbox
 
 import (

@@ -10,11 +10,12 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/inbox"
 	"github.com/idemhq/idem/memstore"
 )
 
-func newInbox(t *testing.T, name string, store idem.Store) *inbox.Inbox {
+func newInbox(t *testing.T, name string, store idemstore.Store) *inbox.Inbox {
 	t.Helper()
 	exec, err := idem.NewExecutor(store, nil)
 	if err != nil {
@@ -27,7 +28,7 @@ func newInbox(t *testing.T, name string, store idem.Store) *inbox.Inbox {
 	return in
 }
 
-func newMem(t *testing.T) idem.Store {
+func newMem(t *testing.T) idemstore.Store {
 	t.Helper()
 	s, err := memstore.New(nil)
 	if err != nil {
@@ -138,7 +139,7 @@ func TestProcessConcurrentDeliveries(t *testing.T) {
 		go func() {
 			defer owg.Done()
 			a, _, err := in.Process(context.Background(), m, h)
-			if a == inbox.Retry && errors.Is(err, idem.ErrInFlight) {
+			if a == inbox.Retry && errors.Is(err, idemstore.ErrInFlight) {
 				retries.Add(1)
 				return
 			}

@@ -3,7 +3,7 @@ package memstore_test
 import (
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/storetest"
 )
@@ -14,7 +14,7 @@ import (
 //	go test -run '^$' -bench Store -benchmem ./memstore
 func BenchmarkStore(b *testing.B) {
 	storetest.Benchmark(b, storetest.BenchHarness{
-		NewStore: func(b *testing.B) idem.Store {
+		NewStore: func(b *testing.B) idemstore.Store {
 			s, err := memstore.New(nil)
 			if err != nil {
 				b.Fatal(err)

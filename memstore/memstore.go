@@ -1,4 +1,4 @@
-// Package memstore is an in-memory idem.Store for single-instance services
+// Package memstore is an in-memory idemstore.Store for single-instance services
 // and tests.
 //
 // Records live in the process: they do not survive a restart and are not
@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // DefaultMaxRecords is the default capacity of a Store.
@@ -28,7 +28,7 @@ const DefaultMaxRecords = 1 << 20
 // Config configures a Store. A nil *Config means all defaults.
 type Config struct {
 	// MaxRecords bounds the records held at once; a claim for a new key
-	// when the store is full returns idem.ErrStoreFull (the middleware
+	// when the store is full returns idemstore.ErrStoreFull (the middleware
 	// answers 503) after trying to evict expired records. Size it for peak
 	// traffic times TTL. Defaults to DefaultMaxRecords (1,048,576).
 	MaxRecords int
@@ -36,8 +36,8 @@ type Config struct {
 
 const shardCount = 64
 
-// Store is an in-memory idem.Store. It also implements idem.Watcher, so
-// that wait mode wakes up as soon as a record changes, and idem.StepStore
+// Store is an in-memory idemstore.Store. It also implements idemstore.Watcher, so
+// that wait mode wakes up as soon as a record changes, and idemstore.StepStore
 // (recovery points, not transactional). Fences come from one counter per
 // Store, so they grow per key for the life of the process. The zero value
 // is not usable; call New.
@@ -63,7 +63,7 @@ type record struct {
 	token       string
 	leaseEnd    int64
 	expiresAt   int64
-	resp        *idem.Response
+	resp        *idemstore.Response
 	fence       int64
 	checkpoint  []byte
 	watchers    map[*watch]struct{}
@@ -73,9 +73,9 @@ type record struct {
 type watch struct{ ch chan struct{} }
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.Watcher   = (*Store)(nil)
-	_ idem.StepStore = (*Store)(nil)
+	_ idemstore.Store     = (*Store)(nil)
+	_ idemstore.Watcher   = (*Store)(nil)
+	_ idemstore.StepStore = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -109,13 +109,13 @@ func (s *Store) shard(k recordKey) *shard {
 // Len returns the number of records held, expired or not.
 func (s *Store) Len() int { return int(s.count.Load()) }
 
-// Claim implements idem.Store.
-func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+// Claim implements idemstore.Store.
+func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.ClaimResult{}, err
+		return idemstore.ClaimResult{}, err
 	}
 	if p.Lease <= 0 || p.TTL <= 0 {
-		return idem.ClaimResult{}, fmt.Errorf("memstore: claim needs a positive lease and TTL")
+		return idemstore.ClaimResult{}, fmt.Errorf("memstore: claim needs a positive lease and TTL")
 	}
 	k := recordKey{p.Scope, p.Key}
 	sh := s.shard(k)
@@ -134,37 +134,38 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		if s.count.Load() >= s.max {
 			sh.evictExpired(s, now)
 			if s.count.Load() >= s.max {
-				return idem.ClaimResult{}, fmt.Errorf("memstore: %d records: %w", s.max, idem.ErrStoreFull)
+				return idemstore.ClaimResult{}, fmt.Errorf("memstore: %d records: %w", s.max, idemstore.ErrStoreFull)
 			}
 		}
-		r = &record{fingerprint: p.Fingerprint}
+		r = &record{fingerprint: p.Fingerprint, expiresAt: p.Now.Add(p.TTL).UnixNano()}
 		sh.records[k] = r
 		s.count.Add(1)
 		r.own(p, s.fence.Add(1))
-		return idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: r.view()}, nil
 	case r.fingerprint != p.Fingerprint:
-		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: r.view()}, nil
 	case r.completed:
-		return idem.ClaimResult{Outcome: idem.ClaimCompleted, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: r.view()}, nil
 	case now < r.leaseEnd:
-		return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: r.view()}, nil
 	default:
 		r.own(p, s.fence.Add(1))
 		r.notify()
-		return idem.ClaimResult{Outcome: idem.ClaimAcquired, TookOver: true, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, TookOver: true, Record: r.view()}, nil
 	}
 }
 
-func (r *record) own(p idem.ClaimParams, fence int64) {
+// own gives r to the claim p with a new lease. Its retention is the one
+// set when it was created: a take-over never extends it.
+func (r *record) own(p idemstore.ClaimParams, fence int64) {
 	r.token, r.fence = p.Token, fence
 	r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
-	r.expiresAt = p.Now.Add(p.TTL).UnixNano()
 }
 
-func (r *record) view() idem.Record {
-	v := idem.Record{Fingerprint: r.fingerprint, ExpiresAt: time.Unix(0, r.expiresAt).UTC(), State: idem.StateInFlight}
+func (r *record) view() idemstore.Record {
+	v := idemstore.Record{Fingerprint: r.fingerprint, ExpiresAt: time.Unix(0, r.expiresAt).UTC(), State: idemstore.StateInFlight}
 	if r.completed {
-		v.State, v.Response = idem.StateCompleted, r.resp
+		v.State, v.Response = idemstore.StateCompleted, r.resp
 	} else {
 		v.LeaseExpiresAt = time.Unix(0, r.leaseEnd).UTC()
 		v.Fence, v.Checkpoint = r.fence, r.checkpoint
@@ -173,7 +174,7 @@ func (r *record) view() idem.Record {
 }
 
 // withOwned runs change on the in-flight record at (scope, key) if token
-// owns it, under the shard's lock; otherwise it returns idem.ErrLeaseLost.
+// owns it, under the shard's lock; otherwise it returns idemstore.ErrLeaseLost.
 // This is the fencing rule every transition after a claim follows.
 func (s *Store) withOwned(ctx context.Context, scope, key, token string, now time.Time, change func(*shard, recordKey, *record)) error {
 	if err := ctx.Err(); err != nil {
@@ -185,22 +186,22 @@ func (s *Store) withOwned(ctx context.Context, scope, key, token string, now tim
 	defer sh.mu.Unlock()
 	r, ok := sh.records[k]
 	if !ok || r.completed || r.token != token || now.UnixNano() >= r.expiresAt {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	change(sh, k, r)
 	return nil
 }
 
-// Renew implements idem.Store.
-func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
+// Renew implements idemstore.Store.
+func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
 		r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
 	})
 }
 
-// Complete implements idem.Store. As the contract allows, the store keeps
+// Complete implements idemstore.Store. As the contract allows, the store keeps
 // the response it is given, without copying it.
-func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	if p.Response == nil {
 		return errors.New("memstore: complete needs a response")
 	}
@@ -210,55 +211,64 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
 	})
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+// Release implements idemstore.Store.
+func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(sh *shard, k recordKey, r *record) {
 		sh.remove(s, k, r)
 	})
 }
 
-// SaveCheckpoint implements idem.StepStore. The store keeps a copy of the
+// SaveCheckpoint implements idemstore.StepStore. The store keeps a copy of the
 // checkpoint.
-func (s *Store) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+func (s *Store) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
 	if len(p.Checkpoint) == 0 {
 		return errors.New("memstore: empty checkpoint")
 	}
 	cp := bytes.Clone(p.Checkpoint)
 	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
 		r.checkpoint = cp
-		if p.EndLease {
+		switch {
+		case p.Hold:
+			r.leaseEnd = heldLeaseEnd
+			r.notify()
+		case p.EndLease:
 			r.leaseEnd = p.Now.UnixNano()
 			r.notify()
 		}
 	})
 }
 
-// Stuck implements idem.StepStore. It walks every record: memstore is for
+// heldLeaseEnd is the lease end of a record held for an operator
+// (idemstore.SaveCheckpointParams.Hold): the Unix epoch.
+const heldLeaseEnd = 0
+
+// Stuck implements idemstore.StepStore. It walks every record: memstore is for
 // single instances and tests, where that is cheap enough.
-func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckRecord, error) {
+func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore.StuckRecord, error) {
 	if p.Limit <= 0 {
 		return nil, errors.New("memstore: Stuck needs a positive limit")
 	}
 	now := p.Now.UnixNano()
-	var out []idem.StuckRecord
+	var out []idemstore.StuckRecord
 	err := s.walk(ctx, func(k recordKey, r *record) {
-		if !r.completed && r.checkpoint != nil && r.leaseEnd <= now && now < r.expiresAt {
-			out = append(out, idem.StuckRecord{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint,
+		held := r.leaseEnd == heldLeaseEnd
+		if !r.completed && r.checkpoint != nil && held == p.Held && r.leaseEnd <= now && now < r.expiresAt {
+			out = append(out, idemstore.StuckRecord{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint,
 				Checkpoint: r.checkpoint, LeaseExpiresAt: time.Unix(0, r.leaseEnd).UTC()})
 		}
 	})
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(out, func(a, b idem.StuckRecord) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
+	slices.SortFunc(out, func(a, b idemstore.StuckRecord) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
 	if len(out) > p.Limit {
 		out = out[:p.Limit]
 	}
 	return out, nil
 }
 
-// DeleteExpired implements idem.Store.
-func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (int, error) {
+// DeleteExpired implements idemstore.Store.
+func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredParams) (int, error) {
 	if p.Limit <= 0 {
 		return 0, errors.New("memstore: DeleteExpired needs a positive limit")
 	}
@@ -302,7 +312,7 @@ func (sh *shard) remove(s *Store, k recordKey, r *record) {
 	r.notify()
 }
 
-// Watch implements idem.Watcher: the channel is closed when the record
+// Watch implements idemstore.Watcher: the channel is closed when the record
 // completes, is released, expires or is taken over, or at once if it is not
 // in flight. The registration ends with ctx.
 func (s *Store) Watch(ctx context.Context, scope, key string) (<-chan struct{}, error) {

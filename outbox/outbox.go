@@ -5,7 +5,7 @@
 //
 // The package holds the broker- and database-independent parts: Message,
 // the Store a database backend implements (sqliteoutbox, pgoutbox), the
-// Publisher a broker adapter implements (natsidem, amqpidem), and the
+// Publisher a broker adapter implements (idemnats, idemamqp), and the
 // Dispatcher that moves messages from one to the other. It depends on the
 // standard library only, so a user downloads only the drivers they use.
 //
@@ -205,7 +205,7 @@ type ClaimParams struct {
 	Now time.Time
 }
 
-// Publisher sends messages to a broker. natsidem and amqpidem implement it.
+// Publisher sends messages to a broker. idemnats and idemamqp implement it.
 type Publisher interface {
 	// Publish sends msgs and returns one error per message, in order: nil
 	// when the broker acknowledged that it stored the message (a JetStream

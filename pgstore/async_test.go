@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -29,7 +29,7 @@ func TestAsyncClaimDoesNotLeak(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, err := store.Claim(context.Background(), claimParams("s", "k"))
-	if err != nil || r.Outcome != idem.ClaimAcquired {
+	if err != nil || r.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("claim: %v %v", r.Outcome, err)
 	}
 	var setting string

@@ -5,7 +5,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/storetest"
 )
@@ -22,7 +22,7 @@ func BenchmarkStore(b *testing.B) {
 	}{{"sync", false}, {"async-claim", true}} {
 		b.Run(c.name, func(b *testing.B) {
 			storetest.Benchmark(b, storetest.BenchHarness{
-				NewStore: func(b *testing.B) idem.Store {
+				NewStore: func(b *testing.B) idemstore.Store {
 					// Enough connections for the parallel run's workers
 					// (8 per GOMAXPROCS), so the pool is not what is measured.
 					pool := newPool(b, int32(8*runtime.GOMAXPROCS(0)+2))

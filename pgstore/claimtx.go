@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -15,7 +15,7 @@ import (
 // (docs/BENCHMARKS.md): BEGIN travels in one batch with the claim
 // statement (pgx's Batch.BeginTx), and the completion with COMMIT.
 
-// ClaimTx implements idem.TxClaimer (idem.Config.ClaimInTx). With
+// ClaimTx implements idemstore.TxClaimer (idem.Config.ClaimInTx). With
 // ReadFirst, duplicates are answered by the read, as in Claim. A new key is
 // claimed by the claim statement inside a transaction that stays open for
 // the operation's writes; the claim, the writes and the stored response
@@ -23,11 +23,11 @@ import (
 //
 // A concurrent claim of the same key meets the uncommitted row: ClaimTx
 // waits for it at most ClaimTxWait (the statement's lock_timeout) and then
-// answers idem.ClaimInFlight; Claim waits within its context's deadline.
+// answers idemstore.ClaimInFlight; Claim waits within its context's deadline.
 // The operation's own statements run with the session's default
 // lock_timeout. A take-over of an abandoned record commits at once, as in
 // Claim, and returns no transaction.
-func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
+func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
 	if r, ok, err := s.answerFirst(ctx, p); ok || err != nil {
 		return r, nil, err
 	}
@@ -37,22 +37,22 @@ func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResu
 		case sqlState(err) == "55P03":
 			// lock_not_available: another transaction holds an
 			// uncommitted claim of the key.
-			return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: idem.Record{State: idem.StateInFlight}}, nil, nil
+			return idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: idemstore.Record{State: idemstore.StateInFlight}}, nil, nil
 		case sqlState(err) == "40001" && ctx.Err() == nil:
 			continue
 		case err != nil:
-			return idem.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: %w", err)
+			return idemstore.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: %w", err)
 		case ok:
 			return r, tx, nil
 		}
 	}
-	return idem.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
+	return idemstore.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
 }
 
 // claimTxOnce acquires a connection and sends, in one round trip, BEGIN,
 // ClaimTx's claim statement and the statement that restores lock_timeout.
 // It returns the transaction open only for a new record.
-func (s *Store) claimTxOnce(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, open idem.StoreTx, ok bool, err error) {
+func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams) (res idemstore.ClaimResult, open idemstore.Tx, ok bool, err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return res, nil, false, err
@@ -78,19 +78,19 @@ func (s *Store) claimTxOnce(ctx context.Context, p idem.ClaimParams) (res idem.C
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil || !ok || res.Outcome != idem.ClaimAcquired {
+	if err != nil || !ok || res.Outcome != idemstore.ClaimAcquired {
 		return res, nil, ok, err
 	}
 	if res.TookOver {
 		if err := ct.Commit(ctx); err != nil {
-			return idem.ClaimResult{}, nil, false, err
+			return idemstore.ClaimResult{}, nil, false, err
 		}
 		return res, nil, true, nil
 	}
 	return res, ct, true, nil
 }
 
-// claimedTx is the idem.StoreTx ClaimTx returns. Its Complete checks the
+// claimedTx is the idemstore.Tx ClaimTx returns. Its Complete checks the
 // response's size and defers the statement to Commit, which sends it with
 // COMMIT in one round trip: the record cannot change meanwhile, since no
 // one else sees it before the commit.
@@ -115,10 +115,10 @@ func (t *claimedTx) release() {
 	}
 }
 
-// Complete implements idem.StoreTx. A token that no longer owns the
-// record is reported by Commit, with idem.ErrLeaseLost, having committed
+// Complete implements idemstore.Tx. A token that no longer owns the
+// record is reported by Commit, with idemstore.ErrLeaseLost, having committed
 // nothing.
-func (t *claimedTx) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (t *claimedTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	enc, err := t.s.encodeResponse(p, "complete in transaction")
 	if err != nil {
 		return err
@@ -127,7 +127,7 @@ func (t *claimedTx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	return nil
 }
 
-// Commit implements idem.StoreTx: the deferred completion and COMMIT, in
+// Commit implements idemstore.Tx: the deferred completion and COMMIT, in
 // one round trip.
 func (t *claimedTx) Commit(ctx context.Context) error {
 	if t.released {
@@ -148,7 +148,7 @@ func (t *claimedTx) Commit(ctx context.Context) error {
 		// The server skipped the COMMIT after the failed statement; the
 		// transaction waits, aborted, for its rollback.
 		_ = t.Rollback(ctx)
-		return fmt.Errorf("pgstore: commit: %w", idem.ErrLeaseLost)
+		return fmt.Errorf("pgstore: commit: %w", idemstore.ErrLeaseLost)
 	}
 	if err == nil && tag.String() != "COMMIT" {
 		err = fmt.Errorf("the server answered %q", tag.String())
@@ -160,7 +160,7 @@ func (t *claimedTx) Commit(ctx context.Context) error {
 	return nil
 }
 
-// Rollback implements idem.StoreTx, and returns the connection.
+// Rollback implements idemstore.Tx, and returns the connection.
 func (t *claimedTx) Rollback(ctx context.Context) error {
 	if t.released {
 		return nil

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 )
@@ -20,7 +20,7 @@ func TestClaimTxDuplicateWaitsClaimTxWait(t *testing.T) {
 	f := newFixture(t, &pgstore.Config{ClaimTxWait: 50 * time.Millisecond})
 	p := claimParams("scope", "dup")
 	r, tx, err := f.store.ClaimTx(t.Context(), p)
-	if err != nil || r.Outcome != idem.ClaimAcquired || tx == nil {
+	if err != nil || r.Outcome != idemstore.ClaimAcquired || tx == nil {
 		t.Fatalf("ClaimTx = %v, tx %v, %v; want acquired with a transaction", r.Outcome, tx != nil, err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
@@ -44,7 +44,7 @@ func TestClaimTxDuplicateWaitsClaimTxWait(t *testing.T) {
 	if err != nil {
 		t.Fatalf("duplicate ClaimTx: %v", err)
 	}
-	if dtx != nil || d.Outcome != idem.ClaimInFlight {
+	if dtx != nil || d.Outcome != idemstore.ClaimInFlight {
 		t.Fatalf("duplicate ClaimTx = %v (tx %v), want in flight", d.Outcome, dtx != nil)
 	}
 	if el := time.Since(start); el > 5*time.Second {
@@ -75,7 +75,7 @@ func TestClaimTxReusesConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp := &idem.Response{StatusCode: 201, Body: []byte(`{"ok":true}`)}
+	resp := &idemstore.Response{StatusCode: 201, Body: []byte(`{"ok":true}`)}
 	for i := range 40 {
 		p := claimParams("scope", fmt.Sprintf("reuse-%d", i))
 		_, tx, err := s.ClaimTx(t.Context(), p)
@@ -83,13 +83,13 @@ func TestClaimTxReusesConnections(t *testing.T) {
 			t.Fatalf("ClaimTx: %v (tx %v)", err, tx != nil)
 		}
 		if i%2 == 0 {
-			if err := tx.Complete(t.Context(), idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp}); err != nil {
+			if err := tx.Complete(t.Context(), idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp}); err != nil {
 				t.Fatal(err)
 			}
 			if err := tx.Commit(t.Context()); err != nil {
 				t.Fatalf("Commit: %v", err)
 			}
-			mustClaim(t, s, claimParams("scope", p.Key), idem.ClaimCompleted)
+			mustClaim(t, s, claimParams("scope", p.Key), idemstore.ClaimCompleted)
 		} else {
 			if err := tx.Rollback(t.Context()); err != nil {
 				t.Fatalf("Rollback: %v", err)
@@ -119,11 +119,11 @@ func TestClaimTxCommitWithWrongTokenCommitsNothing(t *testing.T) {
 	if _, err := tx.Native().(pgx.Tx).Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 1)", p.Key); err != nil {
 		t.Fatal(err)
 	}
-	err = tx.Complete(t.Context(), idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: "not-the-owner", Response: &idem.Response{StatusCode: 201}})
+	err = tx.Complete(t.Context(), idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: "not-the-owner", Response: &idemstore.Response{StatusCode: 201}})
 	if err == nil {
 		err = tx.Commit(t.Context())
 	}
-	if !errors.Is(err, idem.ErrLeaseLost) {
+	if !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("Complete+Commit with a wrong token: %v, want ErrLeaseLost", err)
 	}
 	_ = tx.Rollback(t.Context())
@@ -131,5 +131,5 @@ func TestClaimTxCommitWithWrongTokenCommitsNothing(t *testing.T) {
 	if err := f.pool.QueryRow(t.Context(), "SELECT count(*) FROM "+payments).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("business rows after a refused commit: %d (%v), want 0", n, err)
 	}
-	mustClaim(t, f.store, claimParams("scope", p.Key), idem.ClaimAcquired)
+	mustClaim(t, f.store, claimParams("scope", p.Key), idemstore.ClaimAcquired)
 }

@@ -1,4 +1,4 @@
-// Package pgstore is an idem.Store on PostgreSQL: the store to use when
+// Package pgstore is an idemstore.Store on PostgreSQL: the store to use when
 // several instances of a service, behind a load balancer, must share one
 // idempotency truth, and when business writes and the stored response must
 // commit in one transaction.
@@ -15,20 +15,20 @@
 // transaction; writes made through it commit together with the stored
 // response (see Tx and Store.CompleteTx).
 //
-// It also implements idem.StepStore: a multi-step operation's step (see
+// It also implements idemstore.StepStore: a multi-step operation's step (see
 // idem.Step) commits its writes and its recovery point in one transaction
 // (Store.SaveCheckpointTx), fenced by the owner token, and every claim
 // carries a fencing token drawn from a sequence, so it only grows.
 //
 // # Semantics
 //
-// The Store follows the idem.Store contract. Every time decision (lease,
+// The Store follows the idemstore.Store contract. Every time decision (lease,
 // retention) uses the database's clock (statement_timestamp()), never the
 // Now in the parameters, so instances with skewed clocks cannot steal each
 // other's leases. A claim is one INSERT ... ON CONFLICT DO UPDATE ... WHERE
 // statement that commits on its own, so a duplicate sees "in flight" at
 // once; replays and 409s write nothing. Renew, Complete and Release are
-// fenced by the owner token and return idem.ErrLeaseLost when it no longer
+// fenced by the owner token and return idemstore.ErrLeaseLost when it no longer
 // owns the record.
 //
 // # Schema
@@ -47,7 +47,7 @@
 // instances (it skips rows that another call has locked):
 //
 //	for {
-//		n, err := store.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: 5000})
+//		n, err := store.DeleteExpired(ctx, idemstore.DeleteExpiredParams{Limit: 5000})
 //		if err != nil || n < 5000 {
 //			break
 //		}

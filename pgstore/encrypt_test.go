@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/storetest"
 	"github.com/jackc/pgx/v5"
 )
@@ -14,7 +14,7 @@ import (
 func TestConformanceEncrypted(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, storetest.Harness{
-		NewStore:    func(t *testing.T) idem.Store { return newFixture(t, nil).store },
+		NewStore:    func(t *testing.T) idemstore.Store { return newFixture(t, nil).store },
 		ServerClock: true,
 		Encryption:  storetest.Encryption(t),
 	})
@@ -23,7 +23,7 @@ func TestConformanceEncrypted(t *testing.T) {
 func TestEncryptionAtRest(t *testing.T) {
 	t.Parallel()
 	storetest.RunAtRest(t, storetest.AtRestHarness{
-		NewStore: func(t *testing.T) (idem.Store, storetest.Raw) {
+		NewStore: func(t *testing.T) (idemstore.Store, storetest.Raw) {
 			f := newFixture(t, nil)
 			return f.store, pgRaw{f}
 		},

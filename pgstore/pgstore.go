@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -48,7 +48,7 @@ type Config struct {
 	Table string
 
 	// MaxResponseBytes is the largest response body Complete stores; above
-	// it Complete returns idem.ErrResponseTooLarge and changes nothing (the
+	// it Complete returns idemstore.ErrResponseTooLarge and changes nothing (the
 	// core then completes the record as unreplayable, so the operation is
 	// still never run twice). The encoded status and header fields may add
 	// at most 64 KiB. Keep it at least idem.Config.MaxResponseBody.
@@ -91,7 +91,7 @@ type Config struct {
 	// for another transaction's uncommitted claim of the same key: if
 	// that transaction commits within it, the claim answers from what it
 	// committed (a replay, usually); otherwise it answers
-	// idem.ClaimInFlight (409), without holding a connection longer. It
+	// idemstore.ClaimInFlight (409), without holding a connection longer. It
 	// is the claim statement's lock_timeout. At least a millisecond.
 	// Defaults to 100 milliseconds.
 	ClaimTxWait time.Duration
@@ -100,9 +100,9 @@ type Config struct {
 // DefaultClaimTxWait is Config.ClaimTxWait's default.
 const DefaultClaimTxWait = 100 * time.Millisecond
 
-// Store is an idem.Store on PostgreSQL, shared by every instance of a
+// Store is an idemstore.Store on PostgreSQL, shared by every instance of a
 // service that uses the same database, schema and table. It also implements
-// idem.TxStore. Its methods are safe for concurrent use.
+// idemstore.TxStore. Its methods are safe for concurrent use.
 //
 // Every lease and expiry decision uses the database's clock, never the Now
 // in the parameters, so instances whose clocks disagree cannot take over
@@ -125,10 +125,10 @@ type Store struct {
 	claimSQL, renewSQL, completeSQL, releaseSQL, deleteExpiredSQL string
 	// readSQL is ReadFirst's read: the live record, its response only if
 	// the fingerprint matches (as the claim statement's cur).
-	readSQL                                  string
-	readFirst                                bool
-	saveCheckpointSQL, endLeaseSQL, stuckSQL string
-	asyncClaim                               bool
+	readSQL                                                    string
+	readFirst                                                  bool
+	saveCheckpointSQL, endLeaseSQL, holdSQL, stuckSQL, heldSQL string
+	asyncClaim                                                 bool
 	// claimTxSQL is the claim statement of ClaimTx; claimTxWait its
 	// lock_timeout, as PostgreSQL reads it ("100ms"); completeCheckedSQL
 	// the completion sent with COMMIT (claimtx.go).
@@ -136,10 +136,10 @@ type Store struct {
 }
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.TxStore   = (*Store)(nil)
-	_ idem.StepStore = (*Store)(nil)
-	_ idem.TxClaimer = (*Store)(nil)
+	_ idemstore.Store     = (*Store)(nil)
+	_ idemstore.TxStore   = (*Store)(nil)
+	_ idemstore.StepStore = (*Store)(nil)
+	_ idemstore.TxClaimer = (*Store)(nil)
 )
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -275,6 +275,9 @@ func (s *Store) claimStatement(extra string) string {
 	// as for an absent key) or is in flight with the same fingerprint and
 	// an expired lease (a take-over).
 	//
+	// A take-over keeps the record's retention (expires_at): it never
+	// extends it; only a record that expired gets a new one.
+	//
 	// The final SELECT returns ins's row, or else cur's. When ins is empty
 	// and cur does not explain why (cur saw no row, or saw a lease that had
 	// expired), the row that blocked the INSERT was committed after the
@@ -301,7 +304,7 @@ func (s *Store) claimStatement(extra string) string {
 		fingerprint = excluded.fingerprint,
 		token = excluded.token,
 		lease_expires_at = excluded.lease_expires_at,
-		expires_at = excluded.expires_at,
+		expires_at = CASE WHEN r.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE r.expires_at END,
 		response = NULL,
 		attempt = CASE WHEN r.expires_at <= statement_timestamp() THEN 1 ELSE r.attempt + 1 END,
 		fence = excluded.fence,
@@ -339,9 +342,15 @@ SELECT 1 / (SELECT count(*) FROM done)`
 	s.releaseSQL = `DELETE FROM ` + t + owned
 	s.saveCheckpointSQL = `UPDATE ` + t + ` SET checkpoint = $4` + owned
 	s.endLeaseSQL = `UPDATE ` + t + ` SET checkpoint = $4, lease_expires_at = statement_timestamp()` + owned
-	s.stuckSQL = `SELECT scope, key, fingerprint, checkpoint, lease_expires_at FROM ` + t + `
-	WHERE token IS NOT NULL AND checkpoint IS NOT NULL
-	  AND lease_expires_at <= statement_timestamp() AND expires_at > statement_timestamp()
+	// A held record's lease ended at the Unix epoch: the range (epoch,
+	// now] skips the held records, and the epoch alone selects them.
+	s.holdSQL = `UPDATE ` + t + ` SET checkpoint = $4, lease_expires_at = 'epoch'` + owned
+	stuck := `SELECT scope, key, fingerprint, checkpoint, lease_expires_at FROM ` + t + `
+	WHERE token IS NOT NULL AND checkpoint IS NOT NULL AND expires_at > statement_timestamp()
+	  AND `
+	s.stuckSQL = stuck + `lease_expires_at > 'epoch' AND lease_expires_at <= statement_timestamp()
+	ORDER BY lease_expires_at LIMIT $1`
+	s.heldSQL = stuck + `lease_expires_at = 'epoch'
 	ORDER BY lease_expires_at LIMIT $1`
 
 	// One short transaction per batch, walking the expiry index; SKIP
@@ -370,9 +379,9 @@ USING ids, unnest(ids.scopes, ids.keys) AS d(scope, key)
 WHERE r.scope = d.scope AND r.key = d.key`
 }
 
-// Claim implements idem.Store. It commits in its own short transaction, so
+// Claim implements idemstore.Store. It commits in its own short transaction, so
 // a duplicate sees the record in flight at once. It ignores p.Now.
-func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	if r, ok, err := s.answerFirst(ctx, p); ok || err != nil {
 		return r, err
 	}
@@ -385,19 +394,19 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			if sqlState(err) == "40001" && ctx.Err() == nil {
 				continue
 			}
-			return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			return idemstore.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
 		}
 		if ok {
 			return r, nil
 		}
 	}
-	return idem.ClaimResult{}, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
+	return idemstore.ClaimResult{}, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
 }
 
 // answerFirst is what Claim and ClaimTx do before their claim statement:
 // check the parameters and, with ReadFirst, answer a duplicate from the
 // read. ok reports that r is the answer.
-func (s *Store) answerFirst(ctx context.Context, p idem.ClaimParams) (r idem.ClaimResult, ok bool, err error) {
+func (s *Store) answerFirst(ctx context.Context, p idemstore.ClaimParams) (r idemstore.ClaimResult, ok bool, err error) {
 	if p.Lease <= 0 || p.TTL <= 0 {
 		return r, false, errors.New("pgstore: claim needs a positive lease and TTL")
 	}
@@ -415,12 +424,12 @@ func (s *Store) answerFirst(ctx context.Context, p idem.ClaimParams) (r idem.Cla
 
 // claimOnce runs the claim statement once. ok is false when the statement's
 // snapshot missed a concurrent change and it must run again.
-func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, bool, error) {
+func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, bool, error) {
 	return claimResult(p, s.pool.QueryRow(ctx, s.claimSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL))
 }
 
 // claimResult reads the claim statement's row.
-func claimResult(p idem.ClaimParams, row pgx.Row) (res idem.ClaimResult, ok bool, err error) {
+func claimResult(p idemstore.ClaimParams, row pgx.Row) (res idemstore.ClaimResult, ok bool, err error) {
 	var (
 		acquired, completed, leaseLive bool
 		attempt                        int32
@@ -439,11 +448,11 @@ func claimResult(p idem.ClaimParams, row pgx.Row) (res idem.ClaimResult, ok bool
 		return res, false, err
 	}
 	if acquired {
-		rec := idem.Record{Fingerprint: fingerprint, ExpiresAt: expiresAt, State: idem.StateInFlight, Fence: fence, Checkpoint: checkpoint}
+		rec := idemstore.Record{Fingerprint: fingerprint, ExpiresAt: expiresAt, State: idemstore.StateInFlight, Fence: fence, Checkpoint: checkpoint}
 		if leaseEnd != nil {
 			rec.LeaseExpiresAt = *leaseEnd
 		}
-		return idem.ClaimResult{Outcome: idem.ClaimAcquired, TookOver: attempt > 1, Record: rec}, true, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, TookOver: attempt > 1, Record: rec}, true, nil
 	}
 	// Same fingerprint, in flight, lease expired, when answer says not
 	// ok: the INSERT ran, and a newer row version than the snapshot's
@@ -454,7 +463,7 @@ func claimResult(p idem.ClaimParams, row pgx.Row) (res idem.ClaimResult, ok bool
 // readOnce is ReadFirst's read: ok when the live record answers the claim
 // without a write (completed, another fingerprint, or a live lease), as
 // the claim statement would answer from the same row.
-func (s *Store) readOnce(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, ok bool, err error) {
+func (s *Store) readOnce(ctx context.Context, p idemstore.ClaimParams) (res idemstore.ClaimResult, ok bool, err error) {
 	var (
 		completed, leaseLive bool
 		fingerprint          string
@@ -476,35 +485,35 @@ func (s *Store) readOnce(ctx context.Context, p idem.ClaimParams) (res idem.Clai
 // answer is the claim's outcome for a live record that was not acquired:
 // ok is false when the record does not explain why (in flight with the
 // same fingerprint and an expired lease), and the claim must run (again).
-func answer(p idem.ClaimParams, fingerprint string, completed bool, body []byte, leaseEnd *time.Time, leaseLive bool, expiresAt time.Time) (idem.ClaimResult, bool, error) {
-	rec := idem.Record{Fingerprint: fingerprint, ExpiresAt: expiresAt, State: idem.StateInFlight}
+func answer(p idemstore.ClaimParams, fingerprint string, completed bool, body []byte, leaseEnd *time.Time, leaseLive bool, expiresAt time.Time) (idemstore.ClaimResult, bool, error) {
+	rec := idemstore.Record{Fingerprint: fingerprint, ExpiresAt: expiresAt, State: idemstore.StateInFlight}
 	if leaseEnd != nil {
 		rec.LeaseExpiresAt = *leaseEnd
 	}
 	if completed {
-		rec.State = idem.StateCompleted
+		rec.State = idemstore.StateCompleted
 	}
 	switch {
 	case fingerprint != p.Fingerprint:
-		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: rec}, true, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: rec}, true, nil
 	case completed:
-		resp := new(idem.Response)
+		resp := new(idemstore.Response)
 		// body was copied out of the connection's buffer by Scan, so the
 		// decoded response may alias it.
 		if err := resp.UnmarshalBinary(body); err != nil {
-			return idem.ClaimResult{}, false, fmt.Errorf("stored response of (%q, %q): %w", p.Scope, p.Key, err)
+			return idemstore.ClaimResult{}, false, fmt.Errorf("stored response of (%q, %q): %w", p.Scope, p.Key, err)
 		}
 		rec.Response = resp
-		return idem.ClaimResult{Outcome: idem.ClaimCompleted, Record: rec}, true, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec}, true, nil
 	case leaseLive:
-		return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: rec}, true, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: rec}, true, nil
 	}
-	return idem.ClaimResult{}, false, nil
+	return idemstore.ClaimResult{}, false, nil
 }
 
-// Renew implements idem.Store. The new lease ends p.Lease after the
+// Renew implements idemstore.Store. The new lease ends p.Lease after the
 // database's current time; p.Now is ignored.
-func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
+func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	if p.Lease <= 0 {
 		return errors.New("pgstore: renew needs a positive lease")
 	}
@@ -513,13 +522,13 @@ func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
 		return fmt.Errorf("pgstore: renew: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// Complete implements idem.Store.
-func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
+// Complete implements idemstore.Store.
+func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	return s.complete(ctx, s.pool, p, "complete")
 }
 
@@ -528,7 +537,7 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-func (s *Store) complete(ctx context.Context, db execer, p idem.CompleteParams, op string) error {
+func (s *Store) complete(ctx context.Context, db execer, p idemstore.CompleteParams, op string) error {
 	enc, err := s.encodeResponse(p, op)
 	if err != nil {
 		return err
@@ -538,18 +547,18 @@ func (s *Store) complete(ctx context.Context, db execer, p idem.CompleteParams, 
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
 // encodeResponse returns p's response as stored, or why it cannot be.
-func (s *Store) encodeResponse(p idem.CompleteParams, op string) ([]byte, error) {
+func (s *Store) encodeResponse(p idemstore.CompleteParams, op string) ([]byte, error) {
 	if p.Response == nil {
 		return nil, fmt.Errorf("pgstore: %s needs a response", op)
 	}
 	if len(p.Response.Body) > s.maxBody || p.Response.EncodedSize()-len(p.Response.Body) > maxHeaderBytes {
-		return nil, fmt.Errorf("pgstore: %s: %d-byte body, limit %d: %w", op, len(p.Response.Body), s.maxBody, idem.ErrResponseTooLarge)
+		return nil, fmt.Errorf("pgstore: %s: %d-byte body, limit %d: %w", op, len(p.Response.Body), s.maxBody, idemstore.ErrResponseTooLarge)
 	}
 	enc, err := p.Response.MarshalBinary()
 	if err != nil {
@@ -558,25 +567,25 @@ func (s *Store) encodeResponse(p idem.CompleteParams, op string) ([]byte, error)
 	return enc, nil
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+// Release implements idemstore.Store.
+func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 	tag, err := s.pool.Exec(ctx, s.releaseSQL, p.Scope, p.Key, p.Token)
 	if err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// DeleteExpired implements idem.Store: one statement deleting at most
+// DeleteExpired implements idemstore.Store: one statement deleting at most
 // p.Limit records whose retention ended by the database's current time,
 // oldest first. Each call is a short transaction of its own; call it in a
 // loop (a few thousand per call keeps each one short) until it returns
 // fewer than p.Limit. Records a concurrent claim is replacing are skipped,
 // not waited for.
-func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (int, error) {
+func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredParams) (int, error) {
 	if p.Limit <= 0 {
 		return 0, errors.New("pgstore: DeleteExpired needs a positive limit")
 	}
@@ -592,30 +601,33 @@ func (s *Store) fenceSeq() string {
 	return pgx.Identifier{s.schemaName, s.tableName + "_fence_seq"}.Sanitize()
 }
 
-// SaveCheckpoint implements idem.StepStore. With p.EndLease the lease ends
+// SaveCheckpoint implements idemstore.StepStore. With p.EndLease the lease ends
 // at the database's current time; p.Now is ignored.
-func (s *Store) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+func (s *Store) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
 	return s.saveCheckpoint(ctx, s.pool, p)
 }
 
 // SaveCheckpointTx is SaveCheckpoint inside the caller's transaction tx on
 // the Store's database: a step's business writes and its recovery point
-// commit together. It returns idem.ErrLeaseLost when the token no longer
+// commit together. It returns idemstore.ErrLeaseLost when the token no longer
 // owns the record; the caller must then roll back. As with CompleteTx, call
 // it last, just before Commit: from then on tx holds the record's row lock.
-func (s *Store) SaveCheckpointTx(ctx context.Context, tx pgx.Tx, p idem.SaveCheckpointParams) error {
+func (s *Store) SaveCheckpointTx(ctx context.Context, tx pgx.Tx, p idemstore.SaveCheckpointParams) error {
 	if tx == nil {
 		return errors.New("pgstore: save checkpoint in transaction: nil transaction")
 	}
 	return s.saveCheckpoint(ctx, tx, p)
 }
 
-func (s *Store) saveCheckpoint(ctx context.Context, db execer, p idem.SaveCheckpointParams) error {
+func (s *Store) saveCheckpoint(ctx context.Context, db execer, p idemstore.SaveCheckpointParams) error {
 	if len(p.Checkpoint) == 0 {
 		return errors.New("pgstore: empty checkpoint")
 	}
 	q := s.saveCheckpointSQL
-	if p.EndLease {
+	switch {
+	case p.Hold:
+		q = s.holdSQL
+	case p.EndLease:
 		q = s.endLeaseSQL
 	}
 	tag, err := db.Exec(ctx, q, p.Scope, p.Key, p.Token, p.Checkpoint)
@@ -623,24 +635,28 @@ func (s *Store) saveCheckpoint(ctx context.Context, db execer, p idem.SaveCheckp
 		return fmt.Errorf("pgstore: save checkpoint: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// Stuck implements idem.StepStore, by the database's clock (p.Now is
-// ignored), walking the partial index of the in-flight records in the
-// order of their leases' ends.
-func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckRecord, error) {
+// Stuck implements idemstore.StepStore, by the database's clock (p.Now is
+// ignored), walking the partial index of the
+// in-flight records in the order of their leases' ends.
+func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore.StuckRecord, error) {
 	if p.Limit <= 0 {
 		return nil, errors.New("pgstore: Stuck needs a positive limit")
 	}
-	rows, err := s.pool.Query(ctx, s.stuckSQL, p.Limit)
+	q := s.stuckSQL
+	if p.Held {
+		q = s.heldSQL
+	}
+	rows, err := s.pool.Query(ctx, q, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: stuck: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (idem.StuckRecord, error) {
-		var r idem.StuckRecord
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (idemstore.StuckRecord, error) {
+		var r idemstore.StuckRecord
 		err := row.Scan(&r.Scope, &r.Key, &r.Fingerprint, &r.Checkpoint, &r.LeaseExpiresAt)
 		return r, err
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/storetest"
 	"github.com/jackc/pgx/v5"
@@ -28,7 +29,7 @@ func TestConformance(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, storetest.Harness{
-				NewStore:    func(t *testing.T) idem.Store { return newFixture(t, c.cfg).store },
+				NewStore:    func(t *testing.T) idemstore.Store { return newFixture(t, c.cfg).store },
 				ServerClock: true,
 			})
 		})
@@ -37,12 +38,12 @@ func TestConformance(t *testing.T) {
 
 const fpA = idem.FingerprintVersion + ":aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 
-func claimParams(scope, key string) idem.ClaimParams {
-	return idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: newToken(),
+func claimParams(scope, key string) idemstore.ClaimParams {
+	return idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: newToken(),
 		Lease: 30 * time.Second, TTL: time.Hour, Now: time.Now()}
 }
 
-func mustClaim(t *testing.T, s idem.Store, p idem.ClaimParams, want idem.ClaimOutcome) idem.ClaimResult {
+func mustClaim(t *testing.T, s idemstore.Store, p idemstore.ClaimParams, want idemstore.ClaimOutcome) idemstore.ClaimResult {
 	t.Helper()
 	r, err := s.Claim(t.Context(), p)
 	if err != nil {
@@ -54,8 +55,8 @@ func mustClaim(t *testing.T, s idem.Store, p idem.ClaimParams, want idem.ClaimOu
 	return r
 }
 
-func completeParams(p idem.ClaimParams, resp *idem.Response) idem.CompleteParams {
-	return idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, Now: time.Now()}
+func completeParams(p idemstore.ClaimParams, resp *idemstore.Response) idemstore.CompleteParams {
+	return idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, Now: time.Now()}
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -124,7 +125,7 @@ func TestConcurrentMigrations(t *testing.T) {
 				t.Errorf("%d migration rows, want %d", got, pgstore.Migrations)
 			}
 			for i, s := range stores {
-				mustClaim(t, s, claimParams("scope", fmt.Sprint("k", i)), idem.ClaimAcquired)
+				mustClaim(t, s, claimParams("scope", fmt.Sprint("k", i)), idemstore.ClaimAcquired)
 			}
 		})
 	}
@@ -137,24 +138,24 @@ func TestNewOnMigratedSchemaAndSkipMigrate(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	p := claimParams("scope", "k")
-	mustClaim(t, f.store, p, idem.ClaimAcquired)
+	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 	again, err := pgstore.New(t.Context(), f.pool, &pgstore.Config{Schema: f.schema})
 	if err != nil {
 		t.Fatalf("second New: %v", err)
 	}
-	mustClaim(t, again, claimParams("scope", "k"), idem.ClaimInFlight)
+	mustClaim(t, again, claimParams("scope", "k"), idemstore.ClaimInFlight)
 	skip, err := pgstore.New(t.Context(), f.pool, &pgstore.Config{Schema: f.schema, SkipMigrate: true})
 	if err != nil {
 		t.Fatalf("New with SkipMigrate: %v", err)
 	}
-	mustClaim(t, skip, claimParams("scope", "k"), idem.ClaimInFlight)
+	mustClaim(t, skip, claimParams("scope", "k"), idemstore.ClaimInFlight)
 
 	// Another table in the same schema gets its own history row.
 	other, err := pgstore.New(t.Context(), f.pool, &pgstore.Config{Schema: f.schema, Table: "other_records"})
 	if err != nil {
 		t.Fatalf("New with another table: %v", err)
 	}
-	mustClaim(t, other, claimParams("scope", "k"), idem.ClaimAcquired)
+	mustClaim(t, other, claimParams("scope", "k"), idemstore.ClaimAcquired)
 	if got := f.count(t, "SELECT count(*) FROM "+f.schema+".idem_migrations"); got != 2*pgstore.Migrations {
 		t.Errorf("%d migration rows for two tables, want %d", got, 2*pgstore.Migrations)
 	}
@@ -174,9 +175,9 @@ func TestResponseTooLarge(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, &pgstore.Config{MaxResponseBytes: 1000})
 	p := claimParams("scope", "k")
-	mustClaim(t, f.store, p, idem.ClaimAcquired)
-	big := &idem.Response{StatusCode: 200, Body: make([]byte, 1001)}
-	if err := f.store.Complete(t.Context(), completeParams(p, big)); !errors.Is(err, idem.ErrResponseTooLarge) {
+	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
+	big := &idemstore.Response{StatusCode: 200, Body: make([]byte, 1001)}
+	if err := f.store.Complete(t.Context(), completeParams(p, big)); !errors.Is(err, idemstore.ErrResponseTooLarge) {
 		t.Fatalf("Complete of 1001 bytes: %v, want ErrResponseTooLarge", err)
 	}
 	tx, err := f.pool.Begin(t.Context())
@@ -185,19 +186,19 @@ func TestResponseTooLarge(t *testing.T) {
 	}
 	err = f.store.CompleteTx(t.Context(), tx, completeParams(p, big))
 	_ = tx.Rollback(t.Context())
-	if !errors.Is(err, idem.ErrResponseTooLarge) {
+	if !errors.Is(err, idemstore.ErrResponseTooLarge) {
 		t.Fatalf("CompleteTx of 1001 bytes: %v, want ErrResponseTooLarge", err)
 	}
-	huge := &idem.Response{StatusCode: 200, Header: map[string][]string{"X-Big": {strings.Repeat("h", 70<<10)}}}
-	if err := f.store.Complete(t.Context(), completeParams(p, huge)); !errors.Is(err, idem.ErrResponseTooLarge) {
+	huge := &idemstore.Response{StatusCode: 200, Header: map[string][]string{"X-Big": {strings.Repeat("h", 70<<10)}}}
+	if err := f.store.Complete(t.Context(), completeParams(p, huge)); !errors.Is(err, idemstore.ErrResponseTooLarge) {
 		t.Fatalf("Complete with 70 KiB of header: %v, want ErrResponseTooLarge", err)
 	}
-	mustClaim(t, f.store, claimParams("scope", "k"), idem.ClaimInFlight)
-	fits := &idem.Response{StatusCode: 200, Body: make([]byte, 1000)}
+	mustClaim(t, f.store, claimParams("scope", "k"), idemstore.ClaimInFlight)
+	fits := &idemstore.Response{StatusCode: 200, Body: make([]byte, 1000)}
 	if err := f.store.Complete(t.Context(), completeParams(p, fits)); err != nil {
 		t.Fatalf("Complete of 1000 bytes: %v", err)
 	}
-	r := mustClaim(t, f.store, claimParams("scope", "k"), idem.ClaimCompleted)
+	r := mustClaim(t, f.store, claimParams("scope", "k"), idemstore.ClaimCompleted)
 	if len(r.Record.Response.Body) != 1000 {
 		t.Errorf("replayed %d bytes, want 1000", len(r.Record.Response.Body))
 	}
@@ -221,20 +222,20 @@ func TestSkewedExecutorsCannotStealLease(t *testing.T) {
 	runs := make(chan string, 4)
 	errA := make(chan error, 1)
 	go func() {
-		_, err := a.Do(context.Background(), params, func(context.Context) (*idem.Response, error) {
+		_, err := a.Do(context.Background(), params, func(context.Context) (*idemstore.Response, error) {
 			runs <- "a"
 			close(started)
 			<-finish
-			return &idem.Response{StatusCode: 201, Body: []byte("charged by a")}, nil
+			return &idemstore.Response{StatusCode: 201, Body: []byte("charged by a")}, nil
 		})
 		errA <- err
 	}()
 	<-started
-	opB := func(context.Context) (*idem.Response, error) {
+	opB := func(context.Context) (*idemstore.Response, error) {
 		runs <- "b"
-		return &idem.Response{StatusCode: 201, Body: []byte("charged by b")}, nil
+		return &idemstore.Response{StatusCode: 201, Body: []byte("charged by b")}, nil
 	}
-	if _, err := b.Do(t.Context(), params, opB); !errors.Is(err, idem.ErrInFlight) {
+	if _, err := b.Do(t.Context(), params, opB); !errors.Is(err, idemstore.ErrInFlight) {
 		t.Errorf("the instance an hour ahead got %v, want ErrInFlight", err)
 	}
 	close(finish)
@@ -268,10 +269,10 @@ func TestOneOwnerAcrossPools(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New on the second pool: %v", err)
 	}
-	stores := []idem.Store{f.store, second}
+	stores := []idemstore.Store{f.store, second}
 	const n = 64
-	params := make([]idem.ClaimParams, n)
-	results := make([]idem.ClaimResult, n)
+	params := make([]idemstore.ClaimParams, n)
+	results := make([]idemstore.ClaimResult, n)
 	errs := make([]error, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -292,9 +293,9 @@ func TestOneOwnerAcrossPools(t *testing.T) {
 			t.Fatalf("claim %d: %v", i, errs[i])
 		}
 		switch results[i].Outcome {
-		case idem.ClaimAcquired:
+		case idemstore.ClaimAcquired:
 			acquired++
-		case idem.ClaimInFlight:
+		case idemstore.ClaimInFlight:
 			inFlight++
 		}
 	}
@@ -303,13 +304,13 @@ func TestOneOwnerAcrossPools(t *testing.T) {
 	}
 	owners := 0
 	for i := range n {
-		err := stores[(i+1)%2].Renew(t.Context(), idem.RenewParams{Scope: "scope", Key: "contended", Token: params[i].Token, Lease: time.Minute})
+		err := stores[(i+1)%2].Renew(t.Context(), idemstore.RenewParams{Scope: "scope", Key: "contended", Token: params[i].Token, Lease: time.Minute})
 		if err == nil {
 			owners++
-			if results[i].Outcome != idem.ClaimAcquired {
+			if results[i].Outcome != idemstore.ClaimAcquired {
 				t.Errorf("claim %d saw %v but its token owns the record", i, results[i].Outcome)
 			}
-		} else if !errors.Is(err, idem.ErrLeaseLost) {
+		} else if !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("Renew %d: %v", i, err)
 		}
 	}
@@ -330,12 +331,12 @@ func TestDeleteExpiredInBatches(t *testing.T) {
 	f.exec(t, `INSERT INTO `+f.table+` (scope, key, fingerprint, token, lease_expires_at, expires_at)
 		SELECT 'old-inflight', 'k' || i, 'fp', 't' || i, now() - interval '2 hours', now() - interval '1 second'
 		FROM generate_series(1, $1) AS i`, expired-expired/2)
-	var owned []idem.ClaimParams
+	var owned []idemstore.ClaimParams
 	for i := range live {
 		p := claimParams("live", fmt.Sprint("k", i))
-		mustClaim(t, f.store, p, idem.ClaimAcquired)
+		mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 		if i%2 == 0 {
-			if err := f.store.Complete(t.Context(), completeParams(p, &idem.Response{StatusCode: 201})); err != nil {
+			if err := f.store.Complete(t.Context(), completeParams(p, &idemstore.Response{StatusCode: 201})); err != nil {
 				t.Fatal(err)
 			}
 		} else {
@@ -344,7 +345,7 @@ func TestDeleteExpiredInBatches(t *testing.T) {
 	}
 	var counts []int
 	for {
-		n, err := f.store.DeleteExpired(t.Context(), idem.DeleteExpiredParams{Limit: limit, Now: time.Now()})
+		n, err := f.store.DeleteExpired(t.Context(), idemstore.DeleteExpiredParams{Limit: limit, Now: time.Now()})
 		if err != nil {
 			t.Fatalf("DeleteExpired: %v", err)
 		}
@@ -360,11 +361,11 @@ func TestDeleteExpiredInBatches(t *testing.T) {
 		t.Errorf("%d records left, want the %d live ones", got, live)
 	}
 	for _, p := range owned {
-		if err := f.store.Renew(t.Context(), idem.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); err != nil {
+		if err := f.store.Renew(t.Context(), idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); err != nil {
 			t.Errorf("Renew of a live record after DeleteExpired: %v", err)
 		}
 	}
-	if n, err := f.store.DeleteExpired(t.Context(), idem.DeleteExpiredParams{Limit: limit}); err != nil || n != 0 {
+	if n, err := f.store.DeleteExpired(t.Context(), idemstore.DeleteExpiredParams{Limit: limit}); err != nil || n != 0 {
 		t.Errorf("DeleteExpired with nothing expired = %d, %v", n, err)
 	}
 }
@@ -383,18 +384,18 @@ func TestReadOnlyOutcomesWriteNothing(t *testing.T) {
 		return v
 	}
 	inFlight := claimParams("scope", "in-flight")
-	mustClaim(t, f.store, inFlight, idem.ClaimAcquired)
+	mustClaim(t, f.store, inFlight, idemstore.ClaimAcquired)
 	done := claimParams("scope", "done")
-	mustClaim(t, f.store, done, idem.ClaimAcquired)
-	if err := f.store.Complete(t.Context(), completeParams(done, &idem.Response{StatusCode: 200, Body: []byte("ok")})); err != nil {
+	mustClaim(t, f.store, done, idemstore.ClaimAcquired)
+	if err := f.store.Complete(t.Context(), completeParams(done, &idemstore.Response{StatusCode: 200, Body: []byte("ok")})); err != nil {
 		t.Fatal(err)
 	}
 	before := map[string]string{"in-flight": version("in-flight"), "done": version("done")}
-	for key, want := range map[string]idem.ClaimOutcome{"in-flight": idem.ClaimInFlight, "done": idem.ClaimCompleted} {
+	for key, want := range map[string]idemstore.ClaimOutcome{"in-flight": idemstore.ClaimInFlight, "done": idemstore.ClaimCompleted} {
 		mustClaim(t, f.store, claimParams("scope", key), want)
 		q := claimParams("scope", key)
 		q.Fingerprint = idem.FingerprintVersion + ":other"
-		mustClaim(t, f.store, q, idem.ClaimMismatch)
+		mustClaim(t, f.store, q, idemstore.ClaimMismatch)
 	}
 	for key, v := range before {
 		if !strings.HasSuffix(v, "/0") {
@@ -412,20 +413,20 @@ func TestReadOnlyOutcomesWriteNothing(t *testing.T) {
 func TestClaimSeesRowCommittedDuringStatement(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	stored, _ := (&idem.Response{StatusCode: 201, Body: []byte("stored")}).MarshalBinary()
+	stored, _ := (&idemstore.Response{StatusCode: 201, Body: []byte("stored")}).MarshalBinary()
 	cases := []struct {
 		name   string
 		insert string
 		args   []any
 		commit bool
-		want   idem.ClaimOutcome
+		want   idemstore.ClaimOutcome
 	}{
 		{"in flight", "INSERT INTO " + f.table + " (scope, key, fingerprint, token, lease_expires_at, expires_at) VALUES ('scope', $1, $2, 'other', now() + interval '1 minute', now() + interval '1 hour')",
-			nil, true, idem.ClaimInFlight},
+			nil, true, idemstore.ClaimInFlight},
 		{"completed", "INSERT INTO " + f.table + " (scope, key, fingerprint, expires_at, response) VALUES ('scope', $1, $2, now() + interval '1 hour', $3)",
-			[]any{stored}, true, idem.ClaimCompleted},
+			[]any{stored}, true, idemstore.ClaimCompleted},
 		{"rolled back", "INSERT INTO " + f.table + " (scope, key, fingerprint, token, lease_expires_at, expires_at) VALUES ('scope', $1, $2, 'other', now() + interval '1 minute', now() + interval '1 hour')",
-			nil, false, idem.ClaimAcquired},
+			nil, false, idemstore.ClaimAcquired},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -444,7 +445,7 @@ func TestClaimSeesRowCommittedDuringStatement(t *testing.T) {
 				t.Fatal(err)
 			}
 			type result struct {
-				r   idem.ClaimResult
+				r   idemstore.ClaimResult
 				err error
 			}
 			done := make(chan result, 1)
@@ -468,7 +469,7 @@ func TestClaimSeesRowCommittedDuringStatement(t *testing.T) {
 			if res.r.Outcome != c.want {
 				t.Fatalf("Claim = %v, want %v", res.r.Outcome, c.want)
 			}
-			if c.want == idem.ClaimCompleted && string(res.r.Record.Response.Body) != "stored" {
+			if c.want == idemstore.ClaimCompleted && string(res.r.Record.Response.Body) != "stored" {
 				t.Errorf("replayed %q", res.r.Record.Response.Body)
 			}
 		})
@@ -499,22 +500,22 @@ func waitForBlocked(t *testing.T, f *fixture, pid int) {
 func TestClaimRejectsBadArguments(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	bad := map[string]func(*idem.ClaimParams){
-		"zero lease":   func(p *idem.ClaimParams) { p.Lease = 0 },
-		"negative TTL": func(p *idem.ClaimParams) { p.TTL = -time.Second },
-		"huge key":     func(p *idem.ClaimParams) { p.Key = strings.Repeat("k", 3000) },
+	bad := map[string]func(*idemstore.ClaimParams){
+		"zero lease":   func(p *idemstore.ClaimParams) { p.Lease = 0 },
+		"negative TTL": func(p *idemstore.ClaimParams) { p.TTL = -time.Second },
+		"huge key":     func(p *idemstore.ClaimParams) { p.Key = strings.Repeat("k", 3000) },
 	}
 	for name, mutate := range bad {
 		p := claimParams("scope", "k")
 		mutate(&p)
-		if _, err := f.store.Claim(t.Context(), p); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+		if _, err := f.store.Claim(t.Context(), p); err == nil || errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("%s: Claim returned %v, want an argument error", name, err)
 		}
 	}
-	if err := f.store.Renew(t.Context(), idem.RenewParams{Scope: "scope", Key: "k", Token: "t"}); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+	if err := f.store.Renew(t.Context(), idemstore.RenewParams{Scope: "scope", Key: "k", Token: "t"}); err == nil || errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Errorf("Renew with a zero lease: %v, want an argument error", err)
 	}
-	if err := f.store.Complete(t.Context(), idem.CompleteParams{Scope: "scope", Key: "k", Token: "t"}); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+	if err := f.store.Complete(t.Context(), idemstore.CompleteParams{Scope: "scope", Key: "k", Token: "t"}); err == nil || errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Errorf("Complete without a response: %v, want an argument error", err)
 	}
 	// Nothing was written.
@@ -523,13 +524,13 @@ func TestClaimRejectsBadArguments(t *testing.T) {
 	}
 }
 
-// The StoreTx of BeginTx: Native is the pgx.Tx, Rollback after Commit is a
+// The Tx of BeginTx: Native is the pgx.Tx, Rollback after Commit is a
 // no-op, and Commit makes the completion visible.
 func TestBeginTx(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	p := claimParams("scope", "k")
-	mustClaim(t, f.store, p, idem.ClaimAcquired)
+	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 	st, err := f.store.BeginTx(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -542,7 +543,7 @@ func TestBeginTx(t *testing.T) {
 	if err := tx.QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Complete(t.Context(), completeParams(p, &idem.Response{StatusCode: 204})); err != nil {
+	if err := st.Complete(t.Context(), completeParams(p, &idemstore.Response{StatusCode: 204})); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Commit(t.Context()); err != nil {
@@ -551,7 +552,7 @@ func TestBeginTx(t *testing.T) {
 	if err := st.Rollback(t.Context()); err != nil {
 		t.Errorf("Rollback after Commit: %v, want nil", err)
 	}
-	mustClaim(t, f.store, claimParams("scope", "k"), idem.ClaimCompleted)
+	mustClaim(t, f.store, claimParams("scope", "k"), idemstore.ClaimCompleted)
 }
 
 // Version 3 replaces the stuck index with the in-flight index, and the

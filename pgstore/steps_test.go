@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 )
@@ -55,7 +56,7 @@ func TestStepWritesCommitWithTheRecoveryPoint(t *testing.T) {
 	var firstRuns atomic.Int32
 	var fail atomic.Bool
 	fail.Store(true)
-	op := func(ctx context.Context) (*idem.Response, error) {
+	op := func(ctx context.Context) (*idemstore.Response, error) {
 		if _, err := idem.Step(ctx, "first", func(ctx context.Context) ([]byte, error) {
 			firstRuns.Add(1)
 			return nil, insertNote(ctx, table, "first")
@@ -73,7 +74,7 @@ func TestStepWritesCommitWithTheRecoveryPoint(t *testing.T) {
 		}); err != nil {
 			return nil, err
 		}
-		return &idem.Response{StatusCode: 201}, insertNote(ctx, table, "final")
+		return &idemstore.Response{StatusCode: 201}, insertNote(ctx, table, "final")
 	}
 	p := idem.DoParams{Scope: "s", Key: "k", Fingerprint: "v1:x"}
 	res, err := exec.Do(t.Context(), p, op)
@@ -104,7 +105,7 @@ func TestStaleOwnerStepRollsBack(t *testing.T) {
 	inside, proceed := make(chan struct{}), make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
-		_, err := stale.Do(context.Background(), p, func(ctx context.Context) (*idem.Response, error) {
+		_, err := stale.Do(context.Background(), p, func(ctx context.Context) (*idemstore.Response, error) {
 			_, err := idem.Step(ctx, "write", func(ctx context.Context) ([]byte, error) {
 				if err := insertNote(ctx, table, "stale"); err != nil {
 					return nil, err
@@ -113,22 +114,22 @@ func TestStaleOwnerStepRollsBack(t *testing.T) {
 				<-proceed
 				return nil, nil
 			})
-			return &idem.Response{StatusCode: 200}, err
+			return &idemstore.Response{StatusCode: 200}, err
 		})
 		errc <- err
 	}()
 	<-inside
 	// The lease ends now, in the database's clock: a stalled owner.
 	f.exec(t, "UPDATE "+f.table+" SET lease_expires_at = statement_timestamp() - interval '1 second'")
-	res, err := successor.Do(t.Context(), p, func(ctx context.Context) (*idem.Response, error) {
+	res, err := successor.Do(t.Context(), p, func(ctx context.Context) (*idemstore.Response, error) {
 		_, err := idem.Step(ctx, "write", func(ctx context.Context) ([]byte, error) { return nil, insertNote(ctx, table, "successor") })
-		return &idem.Response{StatusCode: 200}, err
+		return &idemstore.Response{StatusCode: 200}, err
 	})
 	if err != nil || !res.TookOver {
 		t.Fatalf("successor: %v, took over %v", err, res != nil && res.TookOver)
 	}
 	close(proceed)
-	if err := <-errc; !errors.Is(err, idem.ErrLeaseLost) {
+	if err := <-errc; !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("stale owner: %v, want ErrLeaseLost", err)
 	}
 	if got := f.notes(t, table); len(got) != 1 || got[0] != "successor" {
@@ -146,12 +147,13 @@ func TestDownstreamRefusesAStaleFence(t *testing.T) {
 	accounts := pgx.Identifier{f.schema, "accounts"}.Sanitize()
 	f.exec(t, "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL)")
 	f.exec(t, "INSERT INTO "+accounts+" VALUES (1, 0, 0)")
-	// The write of the example in idem.FenceFromContext's documentation.
+	// The write of the example in idem.RequestInfo.Fence's documentation.
 	write := func(ctx context.Context, balance int) (bool, error) {
-		fence, ok := idem.FenceFromContext(ctx)
-		if !ok {
+		info, ok := idem.InfoFromContext(ctx)
+		if !ok || info.Fence == 0 {
 			return false, errors.New("no fence")
 		}
+		fence := info.Fence
 		tag, err := f.pool.Exec(ctx, "UPDATE "+accounts+" SET balance = $1, fence = $2 WHERE id = 1 AND fence <= $2", balance, fence)
 		return tag.RowsAffected() == 1, err
 	}
@@ -162,22 +164,22 @@ func TestDownstreamRefusesAStaleFence(t *testing.T) {
 	inside, proceed := make(chan struct{}), make(chan struct{})
 	accepted := make(chan bool, 1)
 	go func() {
-		_, _ = stale.Do(context.Background(), p, func(ctx context.Context) (*idem.Response, error) {
+		_, _ = stale.Do(context.Background(), p, func(ctx context.Context) (*idemstore.Response, error) {
 			close(inside)
 			<-proceed
 			ok, err := write(ctx, 100)
 			accepted <- ok && err == nil
-			return &idem.Response{StatusCode: 200}, err
+			return &idemstore.Response{StatusCode: 200}, err
 		})
 	}()
 	<-inside
 	f.exec(t, "UPDATE "+f.table+" SET lease_expires_at = statement_timestamp() - interval '1 second'")
-	res, err := successor.Do(t.Context(), p, func(ctx context.Context) (*idem.Response, error) {
+	res, err := successor.Do(t.Context(), p, func(ctx context.Context) (*idemstore.Response, error) {
 		ok, err := write(ctx, 200)
 		if err == nil && !ok {
 			err = errors.New("the successor's write was refused")
 		}
-		return &idem.Response{StatusCode: 200}, err
+		return &idemstore.Response{StatusCode: 200}, err
 	})
 	if err != nil || !res.TookOver {
 		t.Fatalf("successor: %v, took over %v", err, res != nil && res.TookOver)

@@ -6,16 +6,17 @@ import (
 	"fmt"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 )
 
 // CompleteTx is Complete inside the caller's transaction tx, which must be
 // on the Store's database: the business writes made in tx, the owner-token
 // check and the stored response commit together, or not at all. It returns
-// idem.ErrLeaseLost if p.Token no longer owns an in-flight record (the
+// idemstore.ErrLeaseLost if p.Token no longer owns an in-flight record (the
 // record was taken over, released or has expired); the caller must then roll
 // tx back, so that no business write survives a lost lease. It returns
-// idem.ErrResponseTooLarge, executing nothing in tx, as Complete does.
+// idemstore.ErrResponseTooLarge, executing nothing in tx, as Complete does.
 //
 // Call it last, just before Commit: from this statement on, tx holds the
 // record's row lock, so that renewals of the record, and claims that would
@@ -26,17 +27,17 @@ import (
 // SERIALIZABLE, a lease renewal committed after tx took its snapshot makes
 // this update fail with a serialization error (SQLSTATE 40001), although
 // the token still owns the record.
-func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p idem.CompleteParams) error {
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p idemstore.CompleteParams) error {
 	if tx == nil {
 		return errors.New("pgstore: complete in transaction: nil transaction")
 	}
 	return s.complete(ctx, tx, p, "complete in transaction")
 }
 
-// BeginTx implements idem.TxStore: it begins a transaction on the Store's
+// BeginTx implements idemstore.TxStore: it begins a transaction on the Store's
 // pool, with the server's default isolation level. The core calls it
 // lazily, when the operation first asks for its transaction (see Tx).
-func (s *Store) BeginTx(ctx context.Context) (idem.StoreTx, error) {
+func (s *Store) BeginTx(ctx context.Context) (idemstore.Tx, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: begin: %w", err)
@@ -44,9 +45,9 @@ func (s *Store) BeginTx(ctx context.Context) (idem.StoreTx, error) {
 	return &storeTx{s: s, tx: tx}, nil
 }
 
-// storeTx is the idem.StoreTx of a Store.
+// storeTx is the idemstore.Tx of a Store.
 //
-// It deliberately does not implement idem.TxRenewer: renewals go through
+// It deliberately does not implement idemstore.TxRenewer: renewals go through
 // the pool, on other connections. In PostgreSQL, row locks and MVCC let a
 // renewal update the record while the business transaction is open,
 // because that transaction does not touch the record until CompleteTx, its
@@ -58,16 +59,16 @@ type storeTx struct {
 	tx pgx.Tx
 }
 
-func (t *storeTx) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (t *storeTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	return t.s.CompleteTx(ctx, t.tx, p)
 }
 
-// SaveCheckpoint implements idem.CheckpointTx.
-func (t *storeTx) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+// SaveCheckpoint implements idemstore.CheckpointTx.
+func (t *storeTx) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
 	return t.s.SaveCheckpointTx(ctx, t.tx, p)
 }
 
-var _ idem.CheckpointTx = (*storeTx)(nil)
+var _ idemstore.CheckpointTx = (*storeTx)(nil)
 
 func (t *storeTx) Commit(ctx context.Context) error {
 	if err := t.tx.Commit(ctx); err != nil {
@@ -77,7 +78,7 @@ func (t *storeTx) Commit(ctx context.Context) error {
 }
 
 // Rollback does nothing after Commit or an earlier Rollback, as
-// idem.StoreTx requires.
+// idemstore.Tx requires.
 func (t *storeTx) Rollback(ctx context.Context) error {
 	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("pgstore: rollback: %w", err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 )
 
@@ -28,7 +29,7 @@ func TestCompleteTxCommitsWithBusinessRows(t *testing.T) {
 	f := newFixture(t, nil)
 	payments := businessTable(t, f)
 	p := claimParams("scope", "pay-1")
-	mustClaim(t, f.store, p, idem.ClaimAcquired)
+	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 
 	tx, err := f.pool.Begin(t.Context())
 	if err != nil {
@@ -38,21 +39,21 @@ func TestCompleteTxCommitsWithBusinessRows(t *testing.T) {
 	if _, err := tx.Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", p.Key); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.store.CompleteTx(t.Context(), tx, completeParams(p, &idem.Response{StatusCode: 201, Body: []byte("paid")})); err != nil {
+	if err := f.store.CompleteTx(t.Context(), tx, completeParams(p, &idemstore.Response{StatusCode: 201, Body: []byte("paid")})); err != nil {
 		t.Fatalf("CompleteTx: %v", err)
 	}
 	// Before the commit, others see neither the payment nor the response.
 	if n := f.count(t, "SELECT count(*) FROM "+payments); n != 0 {
 		t.Errorf("%d payments visible before commit", n)
 	}
-	mustClaim(t, f.store, claimParams("scope", "pay-1"), idem.ClaimInFlight)
+	mustClaim(t, f.store, claimParams("scope", "pay-1"), idemstore.ClaimInFlight)
 	if err := tx.Commit(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.count(t, "SELECT count(*) FROM "+payments+" WHERE idem_key = 'pay-1'"); n != 1 {
 		t.Errorf("%d payments after commit, want 1", n)
 	}
-	r := mustClaim(t, f.store, claimParams("scope", "pay-1"), idem.ClaimCompleted)
+	r := mustClaim(t, f.store, claimParams("scope", "pay-1"), idemstore.ClaimCompleted)
 	if string(r.Record.Response.Body) != "paid" {
 		t.Errorf("replayed %q", r.Record.Response.Body)
 	}
@@ -65,10 +66,10 @@ func TestCompleteTxStaleTokenRollsBack(t *testing.T) {
 	f := newFixture(t, nil)
 	payments := businessTable(t, f)
 	stale := claimParams("scope", "pay-1")
-	mustClaim(t, f.store, stale, idem.ClaimAcquired)
+	mustClaim(t, f.store, stale, idemstore.ClaimAcquired)
 	f.expireLease(t, stale.Scope, stale.Key)
 	successor := claimParams("scope", "pay-1")
-	if r := mustClaim(t, f.store, successor, idem.ClaimAcquired); !r.TookOver {
+	if r := mustClaim(t, f.store, successor, idemstore.ClaimAcquired); !r.TookOver {
 		t.Fatal("the successor's claim did not take over")
 	}
 
@@ -80,8 +81,8 @@ func TestCompleteTxStaleTokenRollsBack(t *testing.T) {
 	if _, err := tx.Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", stale.Key); err != nil {
 		t.Fatal(err)
 	}
-	err = f.store.CompleteTx(t.Context(), tx, completeParams(stale, &idem.Response{StatusCode: 201, Body: []byte("stale")}))
-	if !errors.Is(err, idem.ErrLeaseLost) {
+	err = f.store.CompleteTx(t.Context(), tx, completeParams(stale, &idemstore.Response{StatusCode: 201, Body: []byte("stale")}))
+	if !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("stale CompleteTx: %v, want ErrLeaseLost", err)
 	}
 	if err := tx.Rollback(t.Context()); err != nil {
@@ -91,7 +92,7 @@ func TestCompleteTxStaleTokenRollsBack(t *testing.T) {
 		t.Errorf("%d payments after rollback, want 0", n)
 	}
 	// The successor still owns the record.
-	if err := f.store.Complete(t.Context(), completeParams(successor, &idem.Response{StatusCode: 201, Body: []byte("successor")})); err != nil {
+	if err := f.store.Complete(t.Context(), completeParams(successor, &idemstore.Response{StatusCode: 201, Body: []byte("successor")})); err != nil {
 		t.Fatalf("successor Complete: %v", err)
 	}
 }
@@ -103,7 +104,7 @@ func TestTakeOverWaitsForCompletingTransaction(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	p := claimParams("scope", "slow")
-	mustClaim(t, f.store, p, idem.ClaimAcquired)
+	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 	f.expireLease(t, p.Scope, p.Key)
 	tx, err := f.pool.Begin(t.Context())
 	if err != nil {
@@ -116,11 +117,11 @@ func TestTakeOverWaitsForCompletingTransaction(t *testing.T) {
 	}
 	// The lease has run out but nobody took the record over: the owner
 	// still completes it.
-	if err := f.store.CompleteTx(t.Context(), tx, completeParams(p, &idem.Response{StatusCode: 201, Body: []byte("done")})); err != nil {
+	if err := f.store.CompleteTx(t.Context(), tx, completeParams(p, &idemstore.Response{StatusCode: 201, Body: []byte("done")})); err != nil {
 		t.Fatal(err)
 	}
 	type result struct {
-		r   idem.ClaimResult
+		r   idemstore.ClaimResult
 		err error
 	}
 	done := make(chan result, 1)
@@ -136,7 +137,7 @@ func TestTakeOverWaitsForCompletingTransaction(t *testing.T) {
 	if res.err != nil {
 		t.Fatalf("Claim: %v", res.err)
 	}
-	if res.r.Outcome != idem.ClaimCompleted || string(res.r.Record.Response.Body) != "done" {
+	if res.r.Outcome != idemstore.ClaimCompleted || string(res.r.Record.Response.Body) != "done" {
 		t.Errorf("Claim after the owner's commit = %v %+v, want the completed response", res.r.Outcome, res.r.Record.Response)
 	}
 }

@@ -4,7 +4,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/storetest"
 	"github.com/redis/go-redis/v9"
 )
@@ -15,7 +15,7 @@ import (
 //	go test -run '^$' -bench Store -benchmem .
 func BenchmarkStore(b *testing.B) {
 	storetest.Benchmark(b, storetest.BenchHarness{
-		NewStore: func(b *testing.B) idem.Store {
+		NewStore: func(b *testing.B) idemstore.Store {
 			c := newClient(b)
 			// Enough connections for the parallel run's workers (8 per
 			// GOMAXPROCS), so the pool is not what is measured.

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/internal/testcluster"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/idemhq/idem/storetest"
@@ -43,7 +43,7 @@ func TestCluster(t *testing.T) {
 func testClusterConformance(t *testing.T, cl *testcluster.Cluster) {
 	client := newClusterClient(t, cl)
 	storetest.Run(t, storetest.Harness{
-		NewStore: func(t *testing.T) idem.Store {
+		NewStore: func(t *testing.T) idemstore.Store {
 			// The cluster is this test's own and ends with it: a fresh
 			// prefix isolates the subtests, no cleanup is needed.
 			s, err := redisstore.New(client, &redisstore.Config{Prefix: "idemtest:" + crand.Text() + ":"})
@@ -55,6 +55,7 @@ func testClusterConformance(t *testing.T, cl *testcluster.Cluster) {
 		ServerClock:  true,
 		SelfExpiring: true,
 		HashedKeys:   true,
+		ScanOrder:    true,
 	})
 	t.Run("KeysSpreadOverMasters", func(t *testing.T) {
 		s, err := redisstore.New(client, &redisstore.Config{Prefix: "spread:"})
@@ -62,7 +63,7 @@ func testClusterConformance(t *testing.T, cl *testcluster.Cluster) {
 			t.Fatal(err)
 		}
 		for i := range 64 {
-			if _, err := s.Claim(t.Context(), idem.ClaimParams{Scope: "t", Key: tokenOf(i), Fingerprint: fpA,
+			if _, err := s.Claim(t.Context(), idemstore.ClaimParams{Scope: "t", Key: tokenOf(i), Fingerprint: fpA,
 				Token: "owner", Lease: time.Minute, TTL: time.Hour}); err != nil {
 				t.Fatal(err)
 			}
@@ -100,14 +101,14 @@ func testClusterCrossClientRace(t *testing.T, cl *testcluster.Cluster) {
 		stores = append(stores, s)
 	}
 	const n = 64
-	results := make([]idem.ClaimResult, n)
+	results := make([]idemstore.ClaimResult, n)
 	errs := make([]error, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			results[i], errs[i] = stores[i%2].Claim(t.Context(), idem.ClaimParams{Scope: "t", Key: "contended",
+			results[i], errs[i] = stores[i%2].Claim(t.Context(), idemstore.ClaimParams{Scope: "t", Key: "contended",
 				Fingerprint: fpA, Token: tokenOf(i), Lease: time.Minute, TTL: time.Hour})
 		})
 	}
@@ -118,9 +119,9 @@ func testClusterCrossClientRace(t *testing.T, cl *testcluster.Cluster) {
 		if errs[i] != nil {
 			t.Fatalf("claim %d: %v", i, errs[i])
 		}
-		if r.Outcome == idem.ClaimAcquired {
+		if r.Outcome == idemstore.ClaimAcquired {
 			acquired++
-		} else if r.Outcome != idem.ClaimInFlight {
+		} else if r.Outcome != idemstore.ClaimInFlight {
 			t.Fatalf("claim %d: %v", i, r.Outcome)
 		}
 	}
@@ -140,18 +141,18 @@ func testClusterWaitReplicas(t *testing.T, cl *testcluster.Cluster) {
 		t.Fatal(err)
 	}
 	for i := range 16 { // keys on every master
-		p := idem.ClaimParams{Scope: "t", Key: tokenOf(i), Fingerprint: fpA, Token: "owner", Lease: time.Minute, TTL: time.Hour}
-		if r, err := one.Claim(t.Context(), p); err != nil || r.Outcome != idem.ClaimAcquired {
+		p := idemstore.ClaimParams{Scope: "t", Key: tokenOf(i), Fingerprint: fpA, Token: "owner", Lease: time.Minute, TTL: time.Hour}
+		if r, err := one.Claim(t.Context(), p); err != nil || r.Outcome != idemstore.ClaimAcquired {
 			t.Fatalf("Claim with WaitReplicas 1: %v %v", r.Outcome, err)
 		}
-		if err := one.Renew(t.Context(), idem.RenewParams{Scope: "t", Key: p.Key, Token: "owner", Lease: time.Minute}); err != nil {
+		if err := one.Renew(t.Context(), idemstore.RenewParams{Scope: "t", Key: p.Key, Token: "owner", Lease: time.Minute}); err != nil {
 			t.Fatalf("Renew with WaitReplicas 1: %v", err)
 		}
-		if err := one.Complete(t.Context(), idem.CompleteParams{Scope: "t", Key: p.Key, Token: "owner", Response: &idem.Response{StatusCode: 201}}); err != nil {
+		if err := one.Complete(t.Context(), idemstore.CompleteParams{Scope: "t", Key: p.Key, Token: "owner", Response: &idemstore.Response{StatusCode: 201}}); err != nil {
 			t.Fatalf("Complete with WaitReplicas 1: %v", err)
 		}
 		p.Token = "retry"
-		if r, err := one.Claim(t.Context(), p); err != nil || r.Outcome != idem.ClaimCompleted {
+		if r, err := one.Claim(t.Context(), p); err != nil || r.Outcome != idemstore.ClaimCompleted {
 			t.Fatalf("retry with WaitReplicas 1: %v %v", r.Outcome, err)
 		}
 	}
@@ -159,7 +160,7 @@ func testClusterWaitReplicas(t *testing.T, cl *testcluster.Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = two.Claim(t.Context(), idem.ClaimParams{Scope: "t", Key: "k", Fingerprint: fpA, Token: "owner", Lease: time.Minute, TTL: time.Hour})
+	_, err = two.Claim(t.Context(), idemstore.ClaimParams{Scope: "t", Key: "k", Fingerprint: fpA, Token: "owner", Lease: time.Minute, TTL: time.Hour})
 	if !errors.Is(err, redisstore.ErrNotReplicated) {
 		t.Fatalf("Claim with WaitReplicas 2 of 1 replica = %v, want ErrNotReplicated", err)
 	}
@@ -192,7 +193,7 @@ func TestWaitReplicasWithoutReplica(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
 	s := newStore(t, c, &redisstore.Config{WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
-	_, err := s.Claim(t.Context(), idem.ClaimParams{Scope: "t", Key: "k", Fingerprint: fpA, Token: "owner", Lease: time.Minute, TTL: time.Hour})
+	_, err := s.Claim(t.Context(), idemstore.ClaimParams{Scope: "t", Key: "k", Fingerprint: fpA, Token: "owner", Lease: time.Minute, TTL: time.Hour})
 	if !errors.Is(err, redisstore.ErrNotReplicated) {
 		t.Fatalf("Claim = %v, want ErrNotReplicated", err)
 	}

@@ -3,7 +3,7 @@ package redisstore_test
 import (
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/storetest"
 )
 
@@ -11,9 +11,10 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
 	storetest.Run(t, storetest.Harness{
-		NewStore:     func(t *testing.T) idem.Store { return newStore(t, c, nil) },
+		NewStore:     func(t *testing.T) idemstore.Store { return newStore(t, c, nil) },
 		ServerClock:  true,
 		SelfExpiring: true,
 		HashedKeys:   true,
+		ScanOrder:    true,
 	})
 }

@@ -1,10 +1,10 @@
-// Package redisstore is an idem.Store backed by Redis (or Valkey), for
+// Package redisstore is an idemstore.Store backed by Redis (or Valkey), for
 // services that run several instances and already operate Redis.
 //
 // # Guarantee
 //
 // Redis cannot take part in the business database's transaction, so this
-// store does not implement idem.TxStore. It gives the lease-and-fencing
+// store does not implement idemstore.TxStore. It gives the lease-and-fencing
 // guarantee instead: one attempt at a time owns a key, under a lease it
 // renews while the operation runs; only the owner's token can complete or
 // release the record, so a stalled attempt whose lease was taken over
@@ -17,13 +17,13 @@
 //
 // # Fences and steps
 //
-// Claims return a fencing token (idem.Record.Fence): the Redis clock in
+// Claims return a fencing token (idemstore.Record.Fence): the Redis clock in
 // microseconds when the key is claimed, or the record's previous fence plus
 // one if that is not greater, so a key's fences grow across take-overs,
 // releases and expiry as long as the Redis clock does not go back (a
 // failover to a replica whose clock is behind could break that; a downstream
 // system that must be safe from it keeps its own counter). The store does
-// not implement idem.StepStore: recovery points need a transaction with the
+// not implement idemstore.StepStore: recovery points need a transaction with the
 // business writes, so idem.Step returns idem.ErrStepsUnsupported on it.
 //
 // # Atomicity and time
@@ -41,7 +41,11 @@
 // A record is one hash at Prefix + "{" + hex(SHA-256(scope, key)) + "}"
 // (see Store.Key), with the Redis expiry set to the end of its retention.
 // Redis deletes expired records itself: DeleteExpired has nothing to do and
-// returns 0. Idempotency keys and scopes are never stored in clear. Run Redis
+// returns 0. Idempotency keys and scopes are never stored in clear, so
+// idemstore.Inspector's List (idem ls) names records by their Redis key
+// (RecordInfo.ID, which Get and Delete take back), walks SCAN (a record may
+// be listed twice if Redis shrinks its table during a walk) and cannot
+// search by key (idemstore.ErrKeySearchUnsupported). Run Redis
 // with maxmemory-policy noeviction (its default): every record has an expiry,
 // so the volatile-* policies may evict records early, and an evicted record
 // lets a retry run the operation again.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/idemhq/idem/storetest"
 	"github.com/redis/go-redis/v9"
@@ -16,10 +16,11 @@ func TestConformanceEncrypted(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
 	storetest.Run(t, storetest.Harness{
-		NewStore:     func(t *testing.T) idem.Store { return newStore(t, c, nil) },
+		NewStore:     func(t *testing.T) idemstore.Store { return newStore(t, c, nil) },
 		ServerClock:  true,
 		SelfExpiring: true,
 		HashedKeys:   true,
+		ScanOrder:    true,
 		Encryption:   storetest.Encryption(t),
 	})
 }
@@ -28,7 +29,7 @@ func TestEncryptionAtRest(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
 	storetest.RunAtRest(t, storetest.AtRestHarness{
-		NewStore: func(t *testing.T) (idem.Store, storetest.Raw) {
+		NewStore: func(t *testing.T) (idemstore.Store, storetest.Raw) {
 			prefix := newPrefix(t, c)
 			return newStore(t, c, &redisstore.Config{Prefix: prefix}), redisRaw{c: c, prefix: prefix}
 		},

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -93,19 +94,19 @@ func requireStoreDown(t *testing.T, s *redisstore.Store) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	scope, key, tok := idem.Scope("t", "POST /x"), "down", "token"
-	_, claimErr := s.Claim(ctx, idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: tok,
+	_, claimErr := s.Claim(ctx, idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: tok,
 		Lease: time.Second, TTL: time.Minute, Now: time.Now()})
 	errs := map[string]error{
 		"Claim":    claimErr,
-		"Renew":    s.Renew(ctx, idem.RenewParams{Scope: scope, Key: key, Token: tok, Lease: time.Second, Now: time.Now()}),
-		"Complete": s.Complete(ctx, idem.CompleteParams{Scope: scope, Key: key, Token: tok, Response: &idem.Response{StatusCode: 200}, Now: time.Now()}),
-		"Release":  s.Release(ctx, idem.ReleaseParams{Scope: scope, Key: key, Token: tok, Now: time.Now()}),
+		"Renew":    s.Renew(ctx, idemstore.RenewParams{Scope: scope, Key: key, Token: tok, Lease: time.Second, Now: time.Now()}),
+		"Complete": s.Complete(ctx, idemstore.CompleteParams{Scope: scope, Key: key, Token: tok, Response: &idemstore.Response{StatusCode: 200}, Now: time.Now()}),
+		"Release":  s.Release(ctx, idemstore.ReleaseParams{Scope: scope, Key: key, Token: tok, Now: time.Now()}),
 	}
 	for name, err := range errs {
 		switch {
 		case err == nil:
 			t.Errorf("%s succeeded without Redis", name)
-		case errors.Is(err, idem.ErrLeaseLost), errors.Is(err, idem.ErrResponseTooLarge):
+		case errors.Is(err, idemstore.ErrLeaseLost), errors.Is(err, idemstore.ErrResponseTooLarge):
 			t.Errorf("%s without Redis: %v, a sentinel instead of a store failure", name, err)
 		case !strings.HasPrefix(err.Error(), "redisstore: "):
 			t.Errorf("%s error %q lacks the package context", name, err)
@@ -115,7 +116,7 @@ func requireStoreDown(t *testing.T, s *redisstore.Store) {
 
 // newServer serves a handler that counts its runs and answers 201 with the
 // request body, behind the middleware on s.
-func newServer(t *testing.T, s idem.Store, cfg *idem.Config) (*httptest.Server, *atomic.Int32) {
+func newServer(t *testing.T, s idemstore.Store, cfg *idem.Config) (*httptest.Server, *atomic.Int32) {
 	t.Helper()
 	var c idem.Config
 	if cfg != nil {

@@ -6,29 +6,29 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/redis/go-redis/v9"
 )
 
-// GetByID is idem.Inspector.Get for a record named by its Redis key (the
+// GetByID is idemstore.Inspector.Get for a record named by its Redis key (the
 // RecordInfo.ID that List returns, which names neither scope nor key in
 // clear), for operator tools that list records and then open one. The
-// result's Scope and Key are empty. It returns idem.ErrNotFound when no
+// result's Scope and Key are empty. It returns idemstore.ErrNotFound when no
 // unexpired record is there, and an error for an id that is not one of
 // this store's record keys.
-func (s *Store) GetByID(ctx context.Context, id string) (idem.RecordInfo, error) {
+func (s *Store) GetByID(ctx context.Context, id string) (idemstore.RecordInfo, error) {
 	if !s.ownsID(id) {
-		return idem.RecordInfo{}, fmt.Errorf("redisstore: get: %q is not a record key of this store", id)
+		return idemstore.RecordInfo{}, fmt.Errorf("redisstore: get: %q is not a record key of this store", id)
 	}
 	v, err := getScript.Run(ctx, s.client, []string{id}).Slice()
 	if errors.Is(err, redis.Nil) {
-		return idem.RecordInfo{}, idem.ErrNotFound
+		return idemstore.RecordInfo{}, idemstore.ErrNotFound
 	}
 	if err != nil {
-		return idem.RecordInfo{}, fmt.Errorf("redisstore: get: %w", err)
+		return idemstore.RecordInfo{}, fmt.Errorf("redisstore: get: %w", err)
 	}
 	if len(v) < 3 {
-		return idem.RecordInfo{}, fmt.Errorf("redisstore: get: unexpected script reply of %d elements", len(v))
+		return idemstore.RecordInfo{}, fmt.Errorf("redisstore: get: unexpected script reply of %d elements", len(v))
 	}
 	fp, _ := v[0].(string)
 	lease, _ := v[1].(int64)
@@ -39,15 +39,15 @@ func (s *Store) GetByID(ctx context.Context, id string) (idem.RecordInfo, error)
 	}
 	ri := info(id, fp, lease, exp, len(enc))
 	if lease == 0 {
-		ri.Response = new(idem.Response)
+		ri.Response = new(idemstore.Response)
 		if err := ri.Response.UnmarshalBinary([]byte(enc)); err != nil {
-			return idem.RecordInfo{}, fmt.Errorf("redisstore: get: stored response: %w", err)
+			return idemstore.RecordInfo{}, fmt.Errorf("redisstore: get: stored response: %w", err)
 		}
 	}
 	return ri, nil
 }
 
-// DeleteByID is idem.Inspector.Delete for a record named by its Redis key
+// DeleteByID is idemstore.Inspector.Delete for a record named by its Redis key
 // (see GetByID): one atomic step, ErrNotFound if none, ErrInFlight for an
 // in-flight record unless force is set.
 func (s *Store) DeleteByID(ctx context.Context, id string, force bool) error {
@@ -64,9 +64,9 @@ func (s *Store) DeleteByID(ctx context.Context, id string, force bool) error {
 	}
 	switch n {
 	case 0:
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case 2:
-		return idem.ErrInFlight
+		return idemstore.ErrInFlight
 	}
 	return nil
 }

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -38,7 +38,7 @@ type Config struct {
 	Prefix string
 
 	// MaxResponseBytes bounds the body of a response Complete stores; a
-	// larger one makes Complete return idem.ErrResponseTooLarge without
+	// larger one makes Complete return idemstore.ErrResponseTooLarge without
 	// changing the record, and the core then completes the record without
 	// a body (a retry gets 409 idempotency.response_unavailable, never a
 	// second execution). Bodies are never dropped silently. Defaults to
@@ -68,7 +68,7 @@ type Config struct {
 	WaitTimeout time.Duration
 }
 
-// Store is an idem.Store that keeps records in Redis (or a compatible
+// Store is an idemstore.Store that keeps records in Redis (or a compatible
 // server such as Valkey), shared by every process using the same Redis
 // and Prefix. It decides leases and retention with the Redis server's
 // clock and ignores the Now in its parameters. It is safe for concurrent
@@ -83,7 +83,7 @@ type Store struct {
 	waitTimeout  time.Duration
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)
 
 // New returns a Store on client. The caller owns client (and closes it);
 // New performs no I/O and starts no goroutines. The Lua scripts are loaded
@@ -143,31 +143,31 @@ func (s *Store) Key(scope, key string) string {
 	return b.String()
 }
 
-// Claim implements idem.Store. Lease and TTL count from the Redis server's
+// Claim implements idemstore.Store. Lease and TTL count from the Redis server's
 // clock; p.Now is ignored.
-func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	lease, ttl := p.Lease.Milliseconds(), p.TTL.Milliseconds()
 	if lease <= 0 || ttl <= 0 {
-		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim needs a lease and TTL of at least a millisecond, got %v and %v", p.Lease, p.TTL)
+		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim needs a lease and TTL of at least a millisecond, got %v and %v", p.Lease, p.TTL)
 	}
 	v, err := s.run(ctx, claimScript, s.Key(p.Scope, p.Key), p.Fingerprint, p.Token, lease, ttl).Slice()
 	if err != nil {
-		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	r, err := parseClaim(v)
 	if err != nil {
-		return idem.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	return r, nil
 }
 
 // parseClaim turns claimScript's reply into a ClaimResult.
-func parseClaim(v []any) (idem.ClaimResult, error) {
+func parseClaim(v []any) (idemstore.ClaimResult, error) {
 	if len(v) < 5 {
-		return idem.ClaimResult{}, fmt.Errorf("unexpected script reply of %d elements", len(v))
+		return idemstore.ClaimResult{}, fmt.Errorf("unexpected script reply of %d elements", len(v))
 	}
 	outcome, ok1 := v[0].(int64)
 	took, ok2 := v[1].(int64)
@@ -175,57 +175,57 @@ func parseClaim(v []any) (idem.ClaimResult, error) {
 	exp, ok4 := v[3].(int64)
 	fp, ok5 := v[4].(string)
 	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
-		return idem.ClaimResult{}, fmt.Errorf("unexpected script reply %T %T %T %T %T", v[0], v[1], v[2], v[3], v[4])
+		return idemstore.ClaimResult{}, fmt.Errorf("unexpected script reply %T %T %T %T %T", v[0], v[1], v[2], v[3], v[4])
 	}
-	r := idem.ClaimResult{
+	r := idemstore.ClaimResult{
 		TookOver: took == 1,
-		Record: idem.Record{
-			State:       idem.StateInFlight,
+		Record: idemstore.Record{
+			State:       idemstore.StateInFlight,
 			Fingerprint: fp,
 			ExpiresAt:   time.UnixMilli(exp).UTC(),
 		},
 	}
 	switch outcome {
 	case claimAcquired:
-		r.Outcome = idem.ClaimAcquired
+		r.Outcome = idemstore.ClaimAcquired
 		if len(v) > 5 {
 			r.Record.Fence, _ = v[5].(int64)
 		}
 	case claimInFlight:
-		r.Outcome = idem.ClaimInFlight
+		r.Outcome = idemstore.ClaimInFlight
 	case claimMismatch:
-		r.Outcome = idem.ClaimMismatch
+		r.Outcome = idemstore.ClaimMismatch
 		if lease == 0 {
-			r.Record.State = idem.StateCompleted
+			r.Record.State = idemstore.StateCompleted
 		}
 	case claimCompleted:
-		r.Outcome, r.Record.State = idem.ClaimCompleted, idem.StateCompleted
+		r.Outcome, r.Record.State = idemstore.ClaimCompleted, idemstore.StateCompleted
 		enc, ok := "", false
 		if len(v) > 5 {
 			enc, ok = v[5].(string)
 		}
 		if !ok {
-			return idem.ClaimResult{}, errors.New("completed record without a response")
+			return idemstore.ClaimResult{}, errors.New("completed record without a response")
 		}
-		resp := new(idem.Response)
+		resp := new(idemstore.Response)
 		if err := resp.UnmarshalBinary([]byte(enc)); err != nil {
-			return idem.ClaimResult{}, fmt.Errorf("stored response: %w", err)
+			return idemstore.ClaimResult{}, fmt.Errorf("stored response: %w", err)
 		}
 		r.Record.Response = resp
 		return r, nil
 	default:
-		return idem.ClaimResult{}, fmt.Errorf("unknown claim outcome %d", outcome)
+		return idemstore.ClaimResult{}, fmt.Errorf("unknown claim outcome %d", outcome)
 	}
 	r.Record.LeaseExpiresAt = time.UnixMilli(lease).UTC()
-	if r.Record.State == idem.StateCompleted {
+	if r.Record.State == idemstore.StateCompleted {
 		r.Record.LeaseExpiresAt = time.Time{}
 	}
 	return r, nil
 }
 
-// Renew implements idem.Store. The lease counts from the Redis server's
+// Renew implements idemstore.Store. The lease counts from the Redis server's
 // clock; p.Now is ignored.
-func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
+func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	lease := p.Lease.Milliseconds()
 	if lease <= 0 {
 		return fmt.Errorf("redisstore: renew needs a lease of at least a millisecond, got %v", p.Lease)
@@ -233,21 +233,21 @@ func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
 	return s.owned(ctx, "renew", renewScript, p.Scope, p.Key, p.Token, lease)
 }
 
-// Complete implements idem.Store. The record keeps the retention its claim
+// Complete implements idemstore.Store. The record keeps the retention its claim
 // gave it. A response whose body is larger than Config.MaxResponseBytes,
 // or whose status and header fields encode to more than
-// Config.MaxHeaderBytes, is refused with idem.ErrResponseTooLarge before
+// Config.MaxHeaderBytes, is refused with idemstore.ErrResponseTooLarge before
 // Redis is asked anything.
-func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	if p.Response == nil {
 		return errors.New("redisstore: complete needs a response")
 	}
 	body, size := len(p.Response.Body), p.Response.EncodedSize()
 	if body > s.maxBody {
-		return fmt.Errorf("redisstore: complete: body of %d bytes, limit %d: %w", body, s.maxBody, idem.ErrResponseTooLarge)
+		return fmt.Errorf("redisstore: complete: body of %d bytes, limit %d: %w", body, s.maxBody, idemstore.ErrResponseTooLarge)
 	}
 	if h := size - body; h > s.maxHeaders {
-		return fmt.Errorf("redisstore: complete: status and header fields of %d bytes, limit %d: %w", h, s.maxHeaders, idem.ErrResponseTooLarge)
+		return fmt.Errorf("redisstore: complete: status and header fields of %d bytes, limit %d: %w", h, s.maxHeaders, idemstore.ErrResponseTooLarge)
 	}
 	// The MarshalBinary encoding, into a buffer of its exact size.
 	enc, err := p.Response.AppendBinary(make([]byte, 0, size))
@@ -257,8 +257,8 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
 	return s.owned(ctx, "complete", completeScript, p.Scope, p.Key, p.Token, enc)
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+// Release implements idemstore.Store.
+func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 	return s.owned(ctx, "release", releaseScript, p.Scope, p.Key, p.Token)
 }
 
@@ -273,17 +273,17 @@ func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scop
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	if n != 1 {
-		return fmt.Errorf("redisstore: %s: %w", op, idem.ErrLeaseLost)
+		return fmt.Errorf("redisstore: %s: %w", op, idemstore.ErrLeaseLost)
 	}
 	return nil
 }
 
-// DeleteExpired implements idem.Store. Every record's key carries a Redis
+// DeleteExpired implements idemstore.Store. Every record's key carries a Redis
 // expiry at the end of its retention, so Redis deletes expired records by
 // itself and there is nothing left to delete: DeleteExpired checks its
 // arguments, talks to nobody and returns 0. Callers that run it for every
 // store may keep doing so.
-func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (int, error) {
+func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredParams) (int, error) {
 	if p.Limit <= 0 {
 		return 0, fmt.Errorf("redisstore: DeleteExpired needs a positive limit, got %d", p.Limit)
 	}

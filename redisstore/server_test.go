@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -18,15 +19,16 @@ import (
 // not be done to the shared server: flushing its script cache, restarting
 // it.
 type privateRedis struct {
-	t    *testing.T
-	port int
-	dir  string
-	cmd  *exec.Cmd
+	t     *testing.T
+	port  int
+	dir   string
+	extra []string // more redis-server arguments
+	cmd   *exec.Cmd
 }
 
 // startRedis starts redis-server without persistence on a free loopback
 // port and stops it when t ends.
-func startRedis(t *testing.T) *privateRedis {
+func startRedis(t *testing.T, extra ...string) *privateRedis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "" {
@@ -38,7 +40,7 @@ func startRedis(t *testing.T) *privateRedis {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &privateRedis{t: t, port: ln.Addr().(*net.TCPAddr).Port, dir: t.TempDir()}
+	r := &privateRedis{t: t, port: ln.Addr().(*net.TCPAddr).Port, dir: t.TempDir(), extra: extra}
 	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +53,8 @@ func (r *privateRedis) addr() string { return net.JoinHostPort("127.0.0.1", strc
 
 func (r *privateRedis) start() {
 	r.t.Helper()
-	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir, "--loglevel", "warning")
+	r.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", r.dir, "--loglevel", "warning"}, r.extra...)...)
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatalf("starting redis-server: %v", err)
 	}
@@ -92,28 +94,28 @@ func TestScriptsReloadAfterFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	p := idem.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "owner",
+	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "owner",
 		Lease: time.Minute, TTL: time.Hour}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idem.ClaimAcquired {
+	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("Claim: %v %v", r.Outcome, err)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Renew(ctx, idem.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); err != nil {
+	if err := s.Renew(ctx, idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); err != nil {
 		t.Fatalf("Renew after SCRIPT FLUSH: %v", err)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idem.Response{StatusCode: 204}}); err != nil {
+	if err := s.Complete(ctx, idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idemstore.Response{StatusCode: 204}}); err != nil {
 		t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	p.Token = "retry"
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idem.ClaimCompleted {
+	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimCompleted {
 		t.Fatalf("Claim after SCRIPT FLUSH: %v %v", r.Outcome, err)
 	}
 }
@@ -132,12 +134,12 @@ func TestRestartLosesUnpersistedRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	p := idem.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "first",
+	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "first",
 		Lease: time.Minute, TTL: time.Hour}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idem.ClaimAcquired {
+	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("Claim: %v %v", r.Outcome, err)
 	}
-	if err := s.Complete(ctx, idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idem.Response{StatusCode: 201}}); err != nil {
+	if err := s.Complete(ctx, idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idemstore.Response{StatusCode: 201}}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	srv.stop()
@@ -147,7 +149,7 @@ func TestRestartLosesUnpersistedRecords(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Claim after the restart: %v", err)
 	}
-	if r.Outcome != idem.ClaimAcquired {
+	if r.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("Claim after a restart without persistence = %v, want acquired (the record is lost)", r.Outcome)
 	}
 }

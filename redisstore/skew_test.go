@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/redisstore"
 )
 
@@ -40,11 +41,11 @@ func TestSkewedExecutorsShareLeases(t *testing.T) {
 		}
 		done := make(chan outcome, 1)
 		go func() {
-			res, err := behind.Do(ctx, p, func(ctx context.Context) (*idem.Response, error) {
+			res, err := behind.Do(ctx, p, func(ctx context.Context) (*idemstore.Response, error) {
 				info, _ := idem.InfoFromContext(ctx)
 				started <- info
 				<-finish
-				return &idem.Response{StatusCode: 201, Body: []byte("paid")}, nil
+				return &idemstore.Response{StatusCode: 201, Body: []byte("paid")}, nil
 			})
 			done <- outcome{res, err}
 		}()
@@ -61,12 +62,12 @@ func TestSkewedExecutorsShareLeases(t *testing.T) {
 		// lease alive, and the instance hours ahead must still see it.
 		wait(3 * lease)
 		var ran atomic.Int32
-		count := func(context.Context) (*idem.Response, error) {
+		count := func(context.Context) (*idemstore.Response, error) {
 			ran.Add(1)
-			return &idem.Response{StatusCode: 201, Body: []byte("duplicate")}, nil
+			return &idemstore.Response{StatusCode: 201, Body: []byte("duplicate")}, nil
 		}
 		res, err := ahead.Do(ctx, p, count)
-		if !errors.Is(err, idem.ErrInFlight) {
+		if !errors.Is(err, idemstore.ErrInFlight) {
 			t.Fatalf("instance %v ahead: Do = %v, want ErrInFlight", skew, err)
 		}
 		if !res.ExpiresAt.Equal(info.ExpiresAt) {
@@ -105,16 +106,16 @@ func TestSkewedExecutorsShareLeases(t *testing.T) {
 		t.Parallel()
 		p := idem.DoParams{Scope: idem.Scope("t", "POST /pay"), Key: "k-crash", Fingerprint: fpA}
 		// An owner that claimed and died: its lease is never renewed.
-		if r, err := sa.Claim(ctx, idem.ClaimParams{Scope: p.Scope, Key: p.Key, Fingerprint: fpA, Token: "crashed",
-			Lease: lease, TTL: ttl, Now: time.Now()}); err != nil || r.Outcome != idem.ClaimAcquired {
+		if r, err := sa.Claim(ctx, idemstore.ClaimParams{Scope: p.Scope, Key: p.Key, Fingerprint: fpA, Token: "crashed",
+			Lease: lease, TTL: ttl, Now: time.Now()}); err != nil || r.Outcome != idemstore.ClaimAcquired {
 			t.Fatalf("Claim: %v, %v", r.Outcome, err)
 		}
 		claimedAt := time.Now()
-		op := func(context.Context) (*idem.Response, error) {
-			return &idem.Response{StatusCode: 200, Body: []byte("retried")}, nil
+		op := func(context.Context) (*idemstore.Response, error) {
+			return &idemstore.Response{StatusCode: 200, Body: []byte("retried")}, nil
 		}
 		// Hours ahead, the lease is still live...
-		if _, err := ahead.Do(ctx, p, op); !errors.Is(err, idem.ErrInFlight) {
+		if _, err := ahead.Do(ctx, p, op); !errors.Is(err, idemstore.ErrInFlight) {
 			t.Fatalf("instance ahead during the lease: %v, want ErrInFlight", err)
 		}
 		// ...and hours behind, it is not live forever.
@@ -127,7 +128,7 @@ func TestSkewedExecutorsShareLeases(t *testing.T) {
 	})
 }
 
-func newExecutor(t *testing.T, s idem.Store, lease, ttl time.Duration, now func() time.Time) *idem.Executor {
+func newExecutor(t *testing.T, s idemstore.Store, lease, ttl time.Duration, now func() time.Time) *idem.Executor {
 	t.Helper()
 	e, err := idem.NewExecutor(s, &idem.Config{Lease: lease, TTL: ttl, NowFunc: now,
 		Logger: slog.New(slog.DiscardHandler)})

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -71,7 +72,7 @@ func TestKeyLayout(t *testing.T) {
 		}
 		seen[k] = sk[0] + "|" + sk[1]
 	}
-	if s.Key("t", "k") != s.Key("t", "k") {
+	if a, b := s.Key("t", "k"), s.Key("t", "k"); a != b {
 		t.Error("Key is not deterministic")
 	}
 }
@@ -83,10 +84,10 @@ func TestRedisExpiryIsRetention(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c, nil)
 	ctx := t.Context()
-	p := idem.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "tok",
+	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "tok",
 		Lease: 10 * time.Second, TTL: time.Hour, Now: time.Now()}
 	r, err := s.Claim(ctx, p)
-	if err != nil || r.Outcome != idem.ClaimAcquired {
+	if err != nil || r.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("Claim: %v %v", r.Outcome, err)
 	}
 	key := s.Key(p.Scope, p.Key)
@@ -101,11 +102,11 @@ func TestRedisExpiryIsRetention(t *testing.T) {
 		}
 	}
 	expiry("after the claim")
-	if err := s.Renew(ctx, idem.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); err != nil {
+	if err := s.Renew(ctx, idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); err != nil {
 		t.Fatalf("Renew: %v", err)
 	}
 	expiry("after a renewal")
-	if err := s.Complete(ctx, idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idem.Response{StatusCode: 200}}); err != nil {
+	if err := s.Complete(ctx, idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idemstore.Response{StatusCode: 200}}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	expiry("after completion")
@@ -132,11 +133,11 @@ func TestDeleteExpired(t *testing.T) {
 	s := newStore(t, c, nil)
 	ctx := t.Context()
 	const ttl = 500 * time.Millisecond
-	claim := func(key string, ttl time.Duration) idem.ClaimParams {
+	claim := func(key string, ttl time.Duration) idemstore.ClaimParams {
 		t.Helper()
-		p := idem.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: key, Fingerprint: fpA, Token: "tok-" + key,
+		p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: key, Fingerprint: fpA, Token: "tok-" + key,
 			Lease: ttl, TTL: ttl, Now: time.Now()}
-		if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idem.ClaimAcquired {
+		if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
 			t.Fatalf("Claim %s: %v %v", key, r.Outcome, err)
 		}
 		return p
@@ -145,24 +146,24 @@ func TestDeleteExpired(t *testing.T) {
 	fresh := claim("fresh", time.Hour)
 	start := time.Now()
 	for _, limit := range []int{0, -1} {
-		if _, err := s.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: limit, Now: time.Now()}); err == nil {
+		if _, err := s.DeleteExpired(ctx, idemstore.DeleteExpiredParams{Limit: limit, Now: time.Now()}); err == nil {
 			t.Errorf("DeleteExpired with limit %d succeeded", limit)
 		}
 	}
 	waitUntil(start.Add(ttl + 100*time.Millisecond))
-	n, err := s.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: 100, Now: time.Now()})
+	n, err := s.DeleteExpired(ctx, idemstore.DeleteExpiredParams{Limit: 100, Now: time.Now()})
 	if err != nil || n != 0 {
 		t.Fatalf("DeleteExpired = %d, %v; want 0, nil", n, err)
 	}
 	if exists, err := c.Exists(ctx, s.Key(old.Scope, old.Key)).Result(); err != nil || exists != 0 {
 		t.Errorf("expired record still in Redis: %d, %v", exists, err)
 	}
-	if err := s.Complete(ctx, idem.CompleteParams{Scope: old.Scope, Key: old.Key, Token: old.Token,
-		Response: &idem.Response{StatusCode: 200}}); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := s.Complete(ctx, idemstore.CompleteParams{Scope: old.Scope, Key: old.Key, Token: old.Token,
+		Response: &idemstore.Response{StatusCode: 200}}); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Errorf("Complete of an expired record: %v, want ErrLeaseLost", err)
 	}
-	if err := s.Complete(ctx, idem.CompleteParams{Scope: fresh.Scope, Key: fresh.Key, Token: fresh.Token,
-		Response: &idem.Response{StatusCode: 200}}); err != nil {
+	if err := s.Complete(ctx, idemstore.CompleteParams{Scope: fresh.Scope, Key: fresh.Key, Token: fresh.Token,
+		Response: &idemstore.Response{StatusCode: 200}}); err != nil {
 		t.Errorf("Complete of an unexpired record: %v", err)
 	}
 }
@@ -178,13 +179,13 @@ func TestForeignValueIsAnError(t *testing.T) {
 	if err := c.Set(ctx, s.Key(scope, key), "not a hash", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Claim(ctx, idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: "t",
+	_, err := s.Claim(ctx, idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: fpA, Token: "t",
 		Lease: time.Second, TTL: time.Minute})
 	if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") || !strings.HasPrefix(err.Error(), "redisstore: claim: ") {
 		t.Errorf("Claim over a string value: %v, want a wrapped WRONGTYPE error", err)
 	}
-	err = s.Release(ctx, idem.ReleaseParams{Scope: scope, Key: key, Token: "t"})
-	if err == nil || errors.Is(err, idem.ErrLeaseLost) {
+	err = s.Release(ctx, idemstore.ReleaseParams{Scope: scope, Key: key, Token: "t"})
+	if err == nil || errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Errorf("Release over a string value: %v, want a store failure", err)
 	}
 }
@@ -194,35 +195,35 @@ func TestResponseTooLarge(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c, &redisstore.Config{MaxResponseBytes: 1024, MaxHeaderBytes: 256})
 	ctx := t.Context()
-	p := idem.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "owner",
+	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "owner",
 		Lease: time.Minute, TTL: time.Hour}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idem.ClaimAcquired {
+	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("Claim: %v %v", r.Outcome, err)
 	}
-	complete := func(resp *idem.Response) error {
-		return s.Complete(ctx, idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp})
+	complete := func(resp *idemstore.Response) error {
+		return s.Complete(ctx, idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp})
 	}
-	tooBig := map[string]*idem.Response{
+	tooBig := map[string]*idemstore.Response{
 		"Body":    {StatusCode: 200, Body: bytes.Repeat([]byte("x"), 1025)},
 		"Headers": {StatusCode: 200, Header: http.Header{"X-Big": {strings.Repeat("h", 300)}}},
 	}
 	for name, resp := range tooBig {
-		if err := complete(resp); !errors.Is(err, idem.ErrResponseTooLarge) {
+		if err := complete(resp); !errors.Is(err, idemstore.ErrResponseTooLarge) {
 			t.Errorf("%s over the limit: Complete = %v, want ErrResponseTooLarge", name, err)
 		}
 	}
 	// Nothing changed: the record is still in flight and owned.
 	q := p
 	q.Token = "retry"
-	if r, err := s.Claim(ctx, q); err != nil || r.Outcome != idem.ClaimInFlight {
+	if r, err := s.Claim(ctx, q); err != nil || r.Outcome != idemstore.ClaimInFlight {
 		t.Fatalf("Claim after refused completions: %v %v, want in flight", r.Outcome, err)
 	}
-	want := &idem.Response{StatusCode: 200, Header: http.Header{"X-Ok": {"1"}}, Body: bytes.Repeat([]byte("y"), 1024)}
+	want := &idemstore.Response{StatusCode: 200, Header: http.Header{"X-Ok": {"1"}}, Body: bytes.Repeat([]byte("y"), 1024)}
 	if err := complete(want); err != nil {
 		t.Fatalf("Complete at the limit: %v", err)
 	}
 	r, err := s.Claim(ctx, q)
-	if err != nil || r.Outcome != idem.ClaimCompleted || !bytes.Equal(r.Record.Response.Body, want.Body) {
+	if err != nil || r.Outcome != idemstore.ClaimCompleted || !bytes.Equal(r.Record.Response.Body, want.Body) {
 		t.Fatalf("replay: %v %v", r.Outcome, err)
 	}
 }
@@ -265,14 +266,14 @@ func TestCrossClientRace(t *testing.T) {
 	}
 	const n = 64
 	scope, key := idem.Scope("t", "POST /x"), "contended"
-	results := make([]idem.ClaimResult, n)
+	results := make([]idemstore.ClaimResult, n)
 	errs := make([]error, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			results[i], errs[i] = stores[i%2].Claim(t.Context(), idem.ClaimParams{Scope: scope, Key: key,
+			results[i], errs[i] = stores[i%2].Claim(t.Context(), idemstore.ClaimParams{Scope: scope, Key: key,
 				Fingerprint: fpA, Token: tokenOf(i), Lease: time.Minute, TTL: time.Hour})
 		})
 	}
@@ -284,12 +285,12 @@ func TestCrossClientRace(t *testing.T) {
 			t.Fatalf("claim %d: %v", i, errs[i])
 		}
 		switch r.Outcome {
-		case idem.ClaimAcquired:
+		case idemstore.ClaimAcquired:
 			if winner >= 0 {
 				t.Fatalf("claims %d and %d both acquired the key", winner, i)
 			}
 			winner = i
-		case idem.ClaimInFlight:
+		case idemstore.ClaimInFlight:
 		default:
 			t.Fatalf("claim %d: %v", i, r.Outcome)
 		}
@@ -299,7 +300,7 @@ func TestCrossClientRace(t *testing.T) {
 	}
 	for i := range n {
 		// Through the other instance's client.
-		err := stores[(i+1)%2].Renew(t.Context(), idem.RenewParams{Scope: scope, Key: key, Token: tokenOf(i), Lease: time.Minute})
+		err := stores[(i+1)%2].Renew(t.Context(), idemstore.RenewParams{Scope: scope, Key: key, Token: tokenOf(i), Lease: time.Minute})
 		if (err == nil) != (i == winner) {
 			t.Errorf("token %d (winner %d): Renew = %v", i, winner, err)
 		}

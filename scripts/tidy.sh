@@ -9,7 +9,7 @@
 # replace.
 #
 #   scripts/tidy.sh pgstore                      # go mod tidy in ./pgstore
-#   scripts/tidy.sh natsidem go get github.com/nats-io/nats.go@v1.55.0
+#   scripts/tidy.sh idemnats go get github.com/nats-io/nats.go@v1.55.0
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:?usage: scripts/tidy.sh MODULE_DIR [go get ARGS...]}

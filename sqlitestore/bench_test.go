@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/idemhq/idem/storetest"
 )
@@ -16,7 +16,7 @@ import (
 //	go test -run '^$' -bench Store -benchmem .
 func BenchmarkStore(b *testing.B) {
 	storetest.Benchmark(b, storetest.BenchHarness{
-		NewStore: func(b *testing.B) idem.Store {
+		NewStore: func(b *testing.B) idemstore.Store {
 			s, err := sqlitestore.Open(context.Background(), filepath.Join(b.TempDir(), "bench.db"), nil)
 			if err != nil {
 				b.Fatal(err)

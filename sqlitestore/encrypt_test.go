@@ -7,14 +7,14 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/idemhq/idem/storetest"
 )
 
 func TestConformanceEncrypted(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
-		NewStore: func(t *testing.T) idem.Store {
+		NewStore: func(t *testing.T) idemstore.Store {
 			s, _ := open(t)
 			return s
 		},
@@ -25,7 +25,7 @@ func TestConformanceEncrypted(t *testing.T) {
 
 func TestEncryptionAtRest(t *testing.T) {
 	storetest.RunAtRest(t, storetest.AtRestHarness{
-		NewStore: func(t *testing.T) (idem.Store, storetest.Raw) {
+		NewStore: func(t *testing.T) (idemstore.Store, storetest.Raw) {
 			s, path := open(t)
 			return s, sqliteRaw{db: s.DB(), path: path}
 		},

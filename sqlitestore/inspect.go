@@ -5,15 +5,24 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
-var _ idem.Inspector = (*Store)(nil)
+var _ idemstore.Inspector = (*Store)(nil)
 
-// Get implements idem.Inspector, with the checkpoint of a record in
+// errNoID answers a GetParams.ID or DeleteParams.ID: sqlitestore names
+// records by scope and key only.
+var errNoID = fmt.Errorf("sqlitestore: %w: records are named by scope and key", idemstore.ErrInvalidID)
+
+// Get implements idemstore.Inspector, with the checkpoint of a record in
 // flight. It reads through the read-only pool.
-func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, error) {
+func (s *Store) Get(ctx context.Context, p idemstore.GetParams) (idemstore.RecordInfo, error) {
+	if p.ID != "" {
+		return idemstore.RecordInfo{}, errNoID
+	}
 	var (
 		r          row
 		resp       []byte
@@ -23,16 +32,16 @@ func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, err
 		` WHERE scope = ? AND key = ? AND expires_at > ?`, p.Scope, p.Key, p.Now.UnixNano()).
 		Scan(&r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &resp, &checkpoint)
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.RecordInfo{}, idem.ErrNotFound
+		return idemstore.RecordInfo{}, idemstore.ErrNotFound
 	}
 	if err != nil {
-		return idem.RecordInfo{}, fmt.Errorf("sqlitestore: get: %w", err)
+		return idemstore.RecordInfo{}, fmt.Errorf("sqlitestore: get: %w", err)
 	}
 	ri := info(p.Scope, p.Key, r, len(resp))
 	if r.state == stateCompleted {
-		ri.Response = new(idem.Response)
+		ri.Response = new(idemstore.Response)
 		if err := ri.Response.UnmarshalBinary(resp); err != nil {
-			return idem.RecordInfo{}, fmt.Errorf("sqlitestore: get: stored response: %w", err)
+			return idemstore.RecordInfo{}, fmt.Errorf("sqlitestore: get: stored response: %w", err)
 		}
 	} else if len(checkpoint) > 0 {
 		ri.Checkpoint = checkpoint
@@ -40,41 +49,32 @@ func (s *Store) Get(ctx context.Context, p idem.GetParams) (idem.RecordInfo, err
 	return ri, nil
 }
 
-func info(scope, key string, r row, size int) idem.RecordInfo {
-	ri := idem.RecordInfo{Scope: scope, Key: key, ResponseSize: size, Record: idem.Record{
-		State: idem.StateInFlight, Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt)}}
+func info(scope, key string, r row, size int) idemstore.RecordInfo {
+	ri := idemstore.RecordInfo{Scope: scope, Key: key, ResponseSize: size, Record: idemstore.Record{
+		State: idemstore.StateInFlight, Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt)}}
 	if r.state == stateCompleted {
-		ri.State = idem.StateCompleted
+		ri.State = idemstore.StateCompleted
 	} else {
 		ri.LeaseExpiresAt = nanos(r.leaseUntil)
 	}
 	return ri
 }
 
-// List implements idem.Inspector; records come sorted by (Scope, Key).
-// Without a State or Key it reads the table in primary-key order and stops
-// at Limit; a Key alone scans the table.
-func (s *Store) List(ctx context.Context, p idem.ListParams) ([]idem.RecordInfo, error) {
-	if p.Limit <= 0 {
-		return nil, errors.New("sqlitestore: List needs a positive limit")
-	}
-	q := `SELECT scope, key, fingerprint, state, lease_until, expires_at, COALESCE(length(response), 0) FROM ` + s.table +
-		` WHERE expires_at > ?`
-	args := []any{p.Now.UnixNano()}
-	if p.State != 0 {
-		q += ` AND state = ?`
-		args = append(args, int(p.State)) // StateInFlight = 1, StateCompleted = 2, as in the table
-	}
-	if p.Key != "" {
-		q += ` AND key = ?`
-		args = append(args, p.Key)
-	}
-	rows, err := s.reader.QueryContext(ctx, q+` ORDER BY scope, key LIMIT ?`, append(args, p.Limit)...)
+// List implements idemstore.Inspector; records come in (Scope, Key) byte order.
+// Each page is one range read of the primary key from After, stopped after
+// Limit+1 rows (the one more tells whether another page follows); a State
+// or Key filter skips rows on that walk instead of sorting anything.
+func (s *Store) List(ctx context.Context, p idemstore.ListParams) (idemstore.ListPage, error) {
+	q, args, err := s.listQuery(p)
 	if err != nil {
-		return nil, fmt.Errorf("sqlitestore: list: %w", err)
+		return idemstore.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
+	}
+	rows, err := s.reader.QueryContext(ctx, q, args...)
+	if err != nil {
+		return idemstore.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 	}
 	defer rows.Close()
-	var out []idem.RecordInfo
+	var page idemstore.ListPage
 	for rows.Next() {
 		var (
 			scope, key string
@@ -82,18 +82,59 @@ func (s *Store) List(ctx context.Context, p idem.ListParams) ([]idem.RecordInfo,
 			size       int
 		)
 		if err := rows.Scan(&scope, &key, &r.fingerprint, &r.state, &r.leaseUntil, &r.expiresAt, &size); err != nil {
-			return nil, fmt.Errorf("sqlitestore: list: %w", err)
+			return idemstore.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 		}
-		out = append(out, info(scope, key, r, size))
+		if len(page.Records) == p.Limit {
+			last := page.Records[len(page.Records)-1]
+			page.Next = idemstore.ListCursor(last.Scope, last.Key)
+			break
+		}
+		page.Records = append(page.Records, info(scope, key, r, size))
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sqlitestore: list: %w", err)
+		return idemstore.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 	}
-	return out, nil
+	return page, nil
 }
 
-// Delete implements idem.Inspector, in one immediate transaction.
-func (s *Store) Delete(ctx context.Context, p idem.DeleteParams) error {
+// listQuery returns List's statement and arguments for p.
+func (s *Store) listQuery(p idemstore.ListParams) (string, []any, error) {
+	if p.Limit <= 0 {
+		return "", nil, errors.New("the limit must be positive")
+	}
+	var b strings.Builder
+	// The unary + keeps SQLite from answering the expiry (or state) term
+	// from the expires_at index, which would then sort every live record
+	// for each page: the primary key gives the order.
+	b.WriteString(`SELECT scope, key, fingerprint, state, lease_until, expires_at, COALESCE(length(response), 0) FROM ` + s.table +
+		` WHERE +expires_at > ?`)
+	args := []any{p.Now.UnixNano()}
+	if p.After != "" {
+		scope, key, err := idemstore.ParseListCursor(p.After)
+		if err != nil {
+			return "", nil, err
+		}
+		// A row value: SQLite reads the primary key from this position on.
+		b.WriteString(` AND (scope, key) > (?, ?)`)
+		args = append(args, scope, key)
+	}
+	if p.State != 0 {
+		b.WriteString(` AND +state = ?`)
+		args = append(args, int(p.State)) // StateInFlight = 1, StateCompleted = 2, as in the table
+	}
+	if p.Key != "" {
+		b.WriteString(` AND key = ?`)
+		args = append(args, p.Key)
+	}
+	b.WriteString(` ORDER BY scope, key LIMIT ?`)
+	return b.String(), append(args, min(p.Limit, math.MaxInt-1)+1), nil
+}
+
+// Delete implements idemstore.Inspector, in one immediate transaction.
+func (s *Store) Delete(ctx context.Context, p idemstore.DeleteParams) error {
+	if p.ID != "" {
+		return errNoID
+	}
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: delete: %w", err)
@@ -104,11 +145,11 @@ func (s *Store) Delete(ctx context.Context, p idem.DeleteParams) error {
 		p.Scope, p.Key, p.Now.UnixNano()).Scan(&state)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case err != nil:
 		return fmt.Errorf("sqlitestore: delete: %w", err)
 	case state == stateInFlight && !p.Force:
-		return idem.ErrInFlight
+		return idemstore.ErrInFlight
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE scope = ? AND key = ?`, p.Scope, p.Key); err != nil {
 		return fmt.Errorf("sqlitestore: delete: %w", err)

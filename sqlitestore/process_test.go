@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
@@ -50,16 +50,16 @@ func childClaim() {
 	bufio.NewReader(os.Stdin).ReadString('\n')
 	for i := range n {
 		key := strconv.Itoa(i)
-		p := idem.ClaimParams{Scope: "s", Key: key, Fingerprint: "v1:x", Token: fmt.Sprint(os.Getpid(), "-", i),
+		p := idemstore.ClaimParams{Scope: "s", Key: key, Fingerprint: "v1:x", Token: fmt.Sprint(os.Getpid(), "-", i),
 			Lease: time.Minute, TTL: time.Hour, Now: now}
 		r, err := s.Claim(ctx, p)
 		if err != nil {
 			fmt.Println(key, "error", err)
 			continue
 		}
-		if r.Outcome == idem.ClaimAcquired {
-			err := s.Complete(ctx, idem.CompleteParams{Scope: "s", Key: key, Token: p.Token, Now: now,
-				Response: &idem.Response{StatusCode: 201, Body: []byte(strconv.Itoa(os.Getpid()))}})
+		if r.Outcome == idemstore.ClaimAcquired {
+			err := s.Complete(ctx, idemstore.CompleteParams{Scope: "s", Key: key, Token: p.Token, Now: now,
+				Response: &idemstore.Response{StatusCode: 201, Body: []byte(strconv.Itoa(os.Getpid()))}})
 			if err != nil {
 				fmt.Println(key, "error", err)
 				continue
@@ -79,8 +79,8 @@ func childCrash() {
 		fmt.Println("error", err)
 		return
 	}
-	p := idem.ClaimParams{Scope: "s", Key: "crash", Fingerprint: "v1:x", Token: "doomed", Lease: time.Second, TTL: time.Hour, Now: now}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idem.ClaimAcquired {
+	p := idemstore.ClaimParams{Scope: "s", Key: "crash", Fingerprint: "v1:x", Token: "doomed", Lease: time.Second, TTL: time.Hour, Now: now}
+	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
 		fmt.Println("error", r.Outcome, err)
 		return
 	}
@@ -93,8 +93,8 @@ func childCrash() {
 		fmt.Println("error", err)
 		return
 	}
-	if err := s.CompleteTx(ctx, tx, idem.CompleteParams{Scope: "s", Key: "crash", Token: "doomed", Now: now,
-		Response: &idem.Response{StatusCode: 201, Body: []byte("doomed")}}); err != nil {
+	if err := s.CompleteTx(ctx, tx, idemstore.CompleteParams{Scope: "s", Key: "crash", Token: "doomed", Now: now,
+		Response: &idemstore.Response{StatusCode: 201, Body: []byte("doomed")}}); err != nil {
 		fmt.Println("error", err)
 		return
 	}
@@ -198,9 +198,9 @@ func TestProcessesShareOneFile(t *testing.T) {
 		}
 	}
 	// Every record was completed by its single owner.
-	r, err := s.Claim(context.Background(), idem.ClaimParams{Scope: "s", Key: "7", Fingerprint: "v1:x", Token: "parent",
+	r, err := s.Claim(context.Background(), idemstore.ClaimParams{Scope: "s", Key: "7", Fingerprint: "v1:x", Token: "parent",
 		Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
-	if err != nil || r.Outcome != idem.ClaimCompleted {
+	if err != nil || r.Outcome != idemstore.ClaimCompleted {
 		t.Fatalf("parent sees %v %v", r.Outcome, err)
 	}
 }
@@ -227,13 +227,13 @@ func TestKilledProcessLeavesNoBusinessRow(t *testing.T) {
 		t.Fatalf("%d payments after the crash, want 0", n)
 	}
 	ctx := context.Background()
-	p := idem.ClaimParams{Scope: "s", Key: "crash", Fingerprint: "v1:x", Token: "retry", Lease: time.Second, TTL: time.Hour, Now: start}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idem.ClaimInFlight {
+	p := idemstore.ClaimParams{Scope: "s", Key: "crash", Fingerprint: "v1:x", Token: "retry", Lease: time.Second, TTL: time.Hour, Now: start}
+	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimInFlight {
 		t.Fatalf("retry within the dead owner's lease: %v %v", r.Outcome, err)
 	}
 	p.Now = start.Add(2 * time.Second)
 	r, err := s.Claim(ctx, p)
-	if err != nil || r.Outcome != idem.ClaimAcquired || !r.TookOver {
+	if err != nil || r.Outcome != idemstore.ClaimAcquired || !r.TookOver {
 		t.Fatalf("retry after the lease: %+v %v", r, err)
 	}
 	tx, err := s.DB().BeginTx(ctx, nil)
@@ -243,8 +243,8 @@ func TestKilledProcessLeavesNoBusinessRow(t *testing.T) {
 	if _, err := tx.Exec(`INSERT INTO payments (note) VALUES ('retry')`); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CompleteTx(ctx, tx, idem.CompleteParams{Scope: "s", Key: "crash", Token: "retry", Now: p.Now,
-		Response: &idem.Response{StatusCode: 201, Body: []byte("retry")}}); err != nil {
+	if err := s.CompleteTx(ctx, tx, idemstore.CompleteParams{Scope: "s", Key: "crash", Token: "retry", Now: p.Now,
+		Response: &idemstore.Response{StatusCode: 201, Body: []byte("retry")}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

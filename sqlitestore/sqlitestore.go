@@ -1,8 +1,8 @@
-// Package sqlitestore is the embedded idem.Store: idempotency records in a
+// Package sqlitestore is the embedded idemstore.Store: idempotency records in a
 // SQLite file, with nothing to install (modernc.org/sqlite, no cgo).
 //
 // It is correct for many goroutines in one process and for several
-// processes sharing one file on one machine. It implements idem.TxStore:
+// processes sharing one file on one machine. It implements idemstore.TxStore:
 // the handler's business writes, the owner-token check, the record's
 // completion and the stored response commit in one SQLite transaction, so
 // after a crash either both exist or neither.
@@ -29,7 +29,7 @@
 // the busy timeout. Lease renewal does not starve: while the transaction is
 // open the core renews through it.
 //
-// It also implements idem.StepStore: a multi-step operation's step (see
+// It also implements idemstore.StepStore: a multi-step operation's step (see
 // idem.Step) commits its writes and its recovery point in one transaction,
 // fenced by the owner token, and claims carry a fencing token drawn from a
 // one-row counter that only grows.
@@ -54,6 +54,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"modernc.org/sqlite" // registers the "sqlite" database/sql driver
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -76,7 +77,7 @@ type Config struct {
 	BusyTimeout time.Duration
 
 	// MaxResponseBytes bounds the encoded size of a stored response;
-	// Complete returns idem.ErrResponseTooLarge above it, and the core
+	// Complete returns idemstore.ErrResponseTooLarge above it, and the core
 	// completes the record without a body instead. Defaults to 16 MiB,
 	// above the middleware's own default limit.
 	MaxResponseBytes int
@@ -86,7 +87,7 @@ type Config struct {
 	ReadConns int
 }
 
-// Store is an idem.Store and idem.TxStore on a SQLite file.
+// Store is an idemstore.Store and idemstore.TxStore on a SQLite file.
 type Store struct {
 	writer *sql.DB
 	reader *sql.DB
@@ -97,14 +98,14 @@ type Store struct {
 }
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.TxStore   = (*Store)(nil)
-	_ idem.StoreTx   = (*storeTx)(nil)
-	_ idem.TxRenewer = (*storeTx)(nil)
+	_ idemstore.Store     = (*Store)(nil)
+	_ idemstore.TxStore   = (*Store)(nil)
+	_ idemstore.Tx        = (*storeTx)(nil)
+	_ idemstore.TxRenewer = (*storeTx)(nil)
 
-	_ idem.StepStore    = (*Store)(nil)
-	_ idem.TxClaimer    = (*Store)(nil)
-	_ idem.CheckpointTx = (*storeTx)(nil)
+	_ idemstore.StepStore    = (*Store)(nil)
+	_ idemstore.TxClaimer    = (*Store)(nil)
+	_ idemstore.CheckpointTx = (*storeTx)(nil)
 )
 
 //go:embed migrations/*.sql
@@ -317,16 +318,19 @@ func newSQLTexts(t string) sqlTexts {
 				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL,
 				fence = excluded.fence, checkpoint = NULL
 			WHERE ` + t + `.expires_at <= ?`,
-		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, expires_at = ?, fence = (SELECT n FROM ` + t + `_fence WHERE id = 1)
+		// A take-over keeps the record's retention: it never extends it.
+		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, fence = (SELECT n FROM ` + t + `_fence WHERE id = 1)
 			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?
-			RETURNING checkpoint`,
+			RETURNING checkpoint, expires_at`,
 		nextFence: `UPDATE ` + t + `_fence SET n = n + 1 WHERE id = 1 RETURNING n`,
 		saveCheckpoint: `UPDATE ` + t + ` SET checkpoint = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
 		endLease: `UPDATE ` + t + ` SET checkpoint = ?, lease_until = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
+		// A held record's lease ended at 0 (the Unix epoch): the range
+		// (0, now] skips the held records, and [0, 0] selects them.
 		stuck: `SELECT scope, key, fingerprint, checkpoint, lease_until FROM ` + t + `
-			WHERE state = 1 AND checkpoint IS NOT NULL AND lease_until <= ? AND expires_at > ?
+			WHERE state = 1 AND checkpoint IS NOT NULL AND lease_until > ? AND lease_until <= ? AND expires_at > ?
 			ORDER BY lease_until LIMIT ?`,
 		renew: `UPDATE ` + t + ` SET lease_until = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
@@ -398,34 +402,34 @@ func nanos(t int64) time.Time { return time.Unix(0, t).UTC() }
 // decide returns the outcome of a claim that finds r at time now, or false
 // if the claim must write (the record is absent, expired, or its lease is
 // to be taken over).
-func decide(r row, found bool, fp string, now int64) (idem.ClaimResult, bool, error) {
+func decide(r row, found bool, fp string, now int64) (idemstore.ClaimResult, bool, error) {
 	if !found || now >= r.expiresAt {
-		return idem.ClaimResult{}, false, nil
+		return idemstore.ClaimResult{}, false, nil
 	}
-	rec := idem.Record{Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt), State: idem.StateInFlight}
+	rec := idemstore.Record{Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt), State: idemstore.StateInFlight}
 	switch {
 	case r.fingerprint != fp:
 		if r.state == stateCompleted {
-			rec.State = idem.StateCompleted
+			rec.State = idemstore.StateCompleted
 		}
-		return idem.ClaimResult{Outcome: idem.ClaimMismatch, Record: rec}, true, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: rec}, true, nil
 	case r.state == stateCompleted:
-		rec.State = idem.StateCompleted
-		resp := new(idem.Response)
+		rec.State = idemstore.StateCompleted
+		resp := new(idemstore.Response)
 		if err := resp.UnmarshalBinary(r.response); err != nil {
-			return idem.ClaimResult{}, true, fmt.Errorf("sqlitestore: stored response: %w", err)
+			return idemstore.ClaimResult{}, true, fmt.Errorf("sqlitestore: stored response: %w", err)
 		}
 		rec.Response = resp
-		return idem.ClaimResult{Outcome: idem.ClaimCompleted, Record: rec}, true, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec}, true, nil
 	case now < r.leaseUntil:
 		rec.LeaseExpiresAt = nanos(r.leaseUntil)
-		return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: rec}, true, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: rec}, true, nil
 	}
-	return idem.ClaimResult{}, false, nil
+	return idemstore.ClaimResult{}, false, nil
 }
 
-// Claim implements idem.Store.
-func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+// Claim implements idemstore.Store.
+func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	res, r, done, err := s.answerFirst(ctx, p)
 	if done || err != nil {
 		return res, err
@@ -437,7 +441,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	}
 	res, _, err = s.claimLocked(ctx, p, p.Now.UnixNano(), false)
 	if err != nil {
-		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
+		return idemstore.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	return res, nil
 }
@@ -452,7 +456,7 @@ type seen struct {
 // answerFirst is what Claim and ClaimTx do before they write: check the
 // parameters and answer a duplicate from a read, without the write lock.
 // done reports that res is the answer.
-func (s *Store) answerFirst(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, r seen, done bool, err error) {
+func (s *Store) answerFirst(ctx context.Context, p idemstore.ClaimParams) (res idemstore.ClaimResult, r seen, done bool, err error) {
 	if p.Lease <= 0 || p.TTL <= 0 {
 		return res, r, false, errors.New("sqlitestore: claim needs a positive lease and TTL")
 	}
@@ -472,7 +476,7 @@ func (s *Store) answerFirst(ctx context.Context, p idem.ClaimParams) (res idem.C
 // is most likely the owner, whose renewals inside its open transaction are
 // not visible yet: the whole take-over gets takeOverWait, and otherwise the
 // answer is "in progress" rather than a wait behind the owner.
-func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, r row) (idem.ClaimResult, error) {
+func (s *Store) takeOver(ctx context.Context, p idemstore.ClaimParams, r row) (idemstore.ClaimResult, error) {
 	wctx, cancel := context.WithTimeout(ctx, takeOverWait)
 	defer cancel()
 	res, _, err := s.claimLocked(wctx, p, p.Now.UnixNano(), false)
@@ -481,11 +485,11 @@ func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, r row) (idem.C
 			// Nothing was taken over (or, if the commit raced the
 			// deadline, a take-over nobody runs, which the next claim
 			// takes over again after the lease).
-			return idem.ClaimResult{Outcome: idem.ClaimInFlight, Record: idem.Record{
-				State: idem.StateInFlight, Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt), LeaseExpiresAt: nanos(r.leaseUntil),
+			return idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: idemstore.Record{
+				State: idemstore.StateInFlight, Fingerprint: r.fingerprint, ExpiresAt: nanos(r.expiresAt), LeaseExpiresAt: nanos(r.leaseUntil),
 			}}, nil
 		}
-		return idem.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
+		return idemstore.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	return res, nil
 }
@@ -503,7 +507,7 @@ const takeOverWait = 100 * time.Millisecond
 //
 // With keepOpen, a claim that inserted a record returns its transaction
 // uncommitted (ClaimTx); a take-over commits as without it.
-func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, keepOpen bool) (res idem.ClaimResult, open *sql.Tx, err error) {
+func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now int64, keepOpen bool) (res idemstore.ClaimResult, open *sql.Tx, err error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return res, nil, err
@@ -514,15 +518,15 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, 
 		}
 	}()
 	lease, expires := p.Now.Add(p.Lease).UnixNano(), p.Now.Add(p.TTL).UnixNano()
-	res = idem.ClaimResult{Outcome: idem.ClaimAcquired, Record: idem.Record{
-		State: idem.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
+	res = idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: idemstore.Record{
+		State: idemstore.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
 	}}
 	if err := tx.StmtContext(ctx, s.st.nextFence).QueryRowContext(ctx).Scan(&res.Record.Fence); err != nil {
-		return idem.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
+		return idemstore.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
 	}
 	n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
 	if err != nil {
-		return idem.ClaimResult{}, nil, err
+		return idemstore.ClaimResult{}, nil, err
 	}
 	if n == 1 && keepOpen {
 		return res, tx, nil
@@ -530,29 +534,31 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, 
 	if n != 1 {
 		r, found, err := get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key)
 		if err != nil {
-			return idem.ClaimResult{}, nil, err
+			return idemstore.ClaimResult{}, nil, err
 		}
 		if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
 			return res, nil, err
 		}
 		// An in-flight record with the same fingerprint whose lease ended.
-		err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, expires, p.Scope, p.Key, p.Fingerprint, now, now).
-			Scan(&res.Record.Checkpoint)
+		var kept int64
+		err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, p.Scope, p.Key, p.Fingerprint, now, now).
+			Scan(&res.Record.Checkpoint, &kept)
+		res.Record.ExpiresAt = nanos(kept)
 		if errors.Is(err, sql.ErrNoRows) {
-			return idem.ClaimResult{}, nil, errors.New("take-over changed no row under the write lock")
+			return idemstore.ClaimResult{}, nil, errors.New("take-over changed no row under the write lock")
 		}
 		if err != nil {
-			return idem.ClaimResult{}, nil, err
+			return idemstore.ClaimResult{}, nil, err
 		}
 		res.TookOver = true
 	}
 	if err := tx.Commit(); err != nil {
-		return idem.ClaimResult{}, nil, err
+		return idemstore.ClaimResult{}, nil, err
 	}
 	return res, nil, nil
 }
 
-// ClaimTx implements idem.TxClaimer (Config.ClaimInTx). Duplicates are
+// ClaimTx implements idemstore.TxClaimer (Config.ClaimInTx). Duplicates are
 // answered by a read, as in Claim. A new key is claimed in an immediate
 // transaction that stays open, holding the file's write lock, for the
 // operation's writes: a concurrent claim of the same key waits for the
@@ -560,7 +566,7 @@ func (s *Store) claimLocked(ctx context.Context, p idem.ClaimParams, now int64, 
 // (idem.Config.StoreTimeout), and then answers from what the transaction
 // committed. A take-over of an abandoned record commits on its own, as in
 // Claim.
-func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, idem.StoreTx, error) {
+func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
 	res, r, done, err := s.answerFirst(ctx, p)
 	if done || err != nil {
 		return res, nil, err
@@ -571,7 +577,7 @@ func (s *Store) ClaimTx(ctx context.Context, p idem.ClaimParams) (idem.ClaimResu
 	}
 	res, tx, err := s.claimLocked(ctx, p, p.Now.UnixNano(), true)
 	if err != nil {
-		return idem.ClaimResult{}, nil, fmt.Errorf("sqlitestore: claim: %w", err)
+		return idemstore.ClaimResult{}, nil, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	if tx == nil {
 		return res, nil, nil
@@ -588,48 +594,48 @@ func execRows(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
 }
 
 // fenced runs a statement that changes only a record owned by token, and
-// turns "no such row" into idem.ErrLeaseLost.
+// turns "no such row" into idemstore.ErrLeaseLost.
 func fenced(ctx context.Context, st *sql.Stmt, op string, args ...any) error {
 	n, err := execRows(ctx, st, args...)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: %s: %w", op, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("sqlitestore: %s: %w", op, idem.ErrLeaseLost)
+		return fmt.Errorf("sqlitestore: %s: %w", op, idemstore.ErrLeaseLost)
 	}
 	return nil
 }
 
-// Renew implements idem.Store.
-func (s *Store) Renew(ctx context.Context, p idem.RenewParams) error {
+// Renew implements idemstore.Store.
+func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	return s.renew(ctx, nil, p)
 }
 
-func (s *Store) renew(ctx context.Context, tx *sql.Tx, p idem.RenewParams) error {
+func (s *Store) renew(ctx context.Context, tx *sql.Tx, p idemstore.RenewParams) error {
 	return fenced(ctx, in(ctx, tx, s.st.renew), "renew", p.Now.Add(p.Lease).UnixNano(), p.Scope, p.Key, p.Token, p.Now.UnixNano())
 }
 
-// Complete implements idem.Store.
-func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) error {
+// Complete implements idemstore.Store.
+func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	return s.complete(ctx, nil, p)
 }
 
 // CompleteTx completes the record inside the caller's transaction, which
 // must be a transaction on DB(): the caller's business writes, the
 // owner-token check and the stored response then commit together. It
-// returns idem.ErrLeaseLost when the token no longer owns the record; the
+// returns idemstore.ErrLeaseLost when the token no longer owns the record; the
 // caller must then roll back. It is the non-HTTP form of what the
 // middleware does with Tx.
-func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParams) error {
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idemstore.CompleteParams) error {
 	return s.complete(ctx, tx, p)
 }
 
-func (s *Store) complete(ctx context.Context, tx *sql.Tx, p idem.CompleteParams) error {
+func (s *Store) complete(ctx context.Context, tx *sql.Tx, p idemstore.CompleteParams) error {
 	if p.Response == nil {
 		return errors.New("sqlitestore: complete needs a response")
 	}
 	if n := p.Response.EncodedSize(); n > s.maxLen {
-		return fmt.Errorf("sqlitestore: complete: %d-byte response over the %d-byte limit: %w", n, s.maxLen, idem.ErrResponseTooLarge)
+		return fmt.Errorf("sqlitestore: complete: %d-byte response over the %d-byte limit: %w", n, s.maxLen, idemstore.ErrResponseTooLarge)
 	}
 	enc, err := p.Response.MarshalBinary()
 	if err != nil {
@@ -638,14 +644,14 @@ func (s *Store) complete(ctx context.Context, tx *sql.Tx, p idem.CompleteParams)
 	return fenced(ctx, in(ctx, tx, s.st.complete), "complete", enc, p.Scope, p.Key, p.Token, p.Now.UnixNano())
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+// Release implements idemstore.Store.
+func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 	return fenced(ctx, s.st.release, "release", p.Scope, p.Key, p.Token, p.Now.UnixNano())
 }
 
-// DeleteExpired implements idem.Store. Each call is one short write
+// DeleteExpired implements idemstore.Store. Each call is one short write
 // transaction using the index on the expiry time.
-func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (int, error) {
+func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredParams) (int, error) {
 	if p.Limit <= 0 {
 		return 0, errors.New("sqlitestore: DeleteExpired needs a positive limit")
 	}
@@ -656,45 +662,57 @@ func (s *Store) DeleteExpired(ctx context.Context, p idem.DeleteExpiredParams) (
 	return int(n), nil
 }
 
-// SaveCheckpoint implements idem.StepStore.
-func (s *Store) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+// SaveCheckpoint implements idemstore.StepStore.
+func (s *Store) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
 	return s.saveCheckpoint(ctx, nil, p)
 }
 
 // SaveCheckpointTx is SaveCheckpoint inside the caller's transaction on
 // DB(): a step's business writes and its recovery point commit together.
-// It returns idem.ErrLeaseLost when the token no longer owns the record;
+// It returns idemstore.ErrLeaseLost when the token no longer owns the record;
 // the caller must then roll back.
-func (s *Store) SaveCheckpointTx(ctx context.Context, tx *sql.Tx, p idem.SaveCheckpointParams) error {
+func (s *Store) SaveCheckpointTx(ctx context.Context, tx *sql.Tx, p idemstore.SaveCheckpointParams) error {
 	return s.saveCheckpoint(ctx, tx, p)
 }
 
-func (s *Store) saveCheckpoint(ctx context.Context, tx *sql.Tx, p idem.SaveCheckpointParams) error {
+func (s *Store) saveCheckpoint(ctx context.Context, tx *sql.Tx, p idemstore.SaveCheckpointParams) error {
 	if len(p.Checkpoint) == 0 {
 		return errors.New("sqlitestore: empty checkpoint")
 	}
 	now := p.Now.UnixNano()
-	if p.EndLease {
-		return fenced(ctx, in(ctx, tx, s.st.endLease), "save checkpoint", p.Checkpoint, now, p.Scope, p.Key, p.Token, now)
+	if p.EndLease || p.Hold {
+		end := now
+		if p.Hold {
+			end = heldLeaseEnd
+		}
+		return fenced(ctx, in(ctx, tx, s.st.endLease), "save checkpoint", p.Checkpoint, end, p.Scope, p.Key, p.Token, now)
 	}
 	return fenced(ctx, in(ctx, tx, s.st.saveCheckpoint), "save checkpoint", p.Checkpoint, p.Scope, p.Key, p.Token, now)
 }
 
-// Stuck implements idem.StepStore, walking the partial index of the
+// heldLeaseEnd is the lease end of a record held for an operator
+// (idemstore.SaveCheckpointParams.Hold): the Unix epoch, in nanoseconds.
+const heldLeaseEnd = 0
+
+// Stuck implements idemstore.StepStore, walking the partial index of the
 // in-flight records in the order of their leases' ends.
-func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckRecord, error) {
+func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore.StuckRecord, error) {
 	if p.Limit <= 0 {
 		return nil, errors.New("sqlitestore: Stuck needs a positive limit")
 	}
 	now := p.Now.UnixNano()
-	rows, err := s.st.stuck.QueryContext(ctx, now, now, p.Limit)
+	after, upTo := int64(heldLeaseEnd), now
+	if p.Held {
+		after, upTo = heldLeaseEnd-1, heldLeaseEnd
+	}
+	rows, err := s.st.stuck.QueryContext(ctx, after, upTo, now, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: stuck: %w", err)
 	}
 	defer rows.Close()
-	var out []idem.StuckRecord
+	var out []idemstore.StuckRecord
 	for rows.Next() {
-		var r idem.StuckRecord
+		var r idemstore.StuckRecord
 		var lease int64
 		if err := rows.Scan(&r.Scope, &r.Key, &r.Fingerprint, &r.Checkpoint, &lease); err != nil {
 			return nil, fmt.Errorf("sqlitestore: stuck: %w", err)
@@ -708,8 +726,8 @@ func (s *Store) Stuck(ctx context.Context, p idem.StuckParams) ([]idem.StuckReco
 	return out, nil
 }
 
-// BeginTx implements idem.TxStore: an immediate transaction on the writer.
-func (s *Store) BeginTx(ctx context.Context) (idem.StoreTx, error) {
+// BeginTx implements idemstore.TxStore: an immediate transaction on the writer.
+func (s *Store) BeginTx(ctx context.Context) (idemstore.Tx, error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: begin: %w", err)
@@ -722,18 +740,18 @@ type storeTx struct {
 	tx *sql.Tx
 }
 
-func (t *storeTx) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (t *storeTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	return t.s.complete(ctx, t.tx, p)
 }
 
-// SaveCheckpoint implements idem.CheckpointTx.
-func (t *storeTx) SaveCheckpoint(ctx context.Context, p idem.SaveCheckpointParams) error {
+// SaveCheckpoint implements idemstore.CheckpointTx.
+func (t *storeTx) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
 	return t.s.saveCheckpoint(ctx, t.tx, p)
 }
 
 // Renew renews inside the transaction: it holds the file's write lock, so
 // a renewal on another connection would wait for it to end.
-func (t *storeTx) Renew(ctx context.Context, p idem.RenewParams) error {
+func (t *storeTx) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	return t.s.renew(ctx, t.tx, p)
 }
 

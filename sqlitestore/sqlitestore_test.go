@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/idemhq/idem/storetest"
 )
@@ -24,7 +24,7 @@ func open(t *testing.T) (*sqlitestore.Store, string) {
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
-		NewStore: func(t *testing.T) idem.Store {
+		NewStore: func(t *testing.T) idemstore.Store {
 			s, _ := open(t)
 			return s
 		},

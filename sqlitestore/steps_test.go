@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
@@ -34,7 +35,7 @@ func TestStepWritesCommitWithTheRecoveryPoint(t *testing.T) {
 	}
 	var firstRuns atomic.Int32
 	fail := true
-	op := func(ctx context.Context) (*idem.Response, error) {
+	op := func(ctx context.Context) (*idemstore.Response, error) {
 		if _, err := idem.Step(ctx, "first", func(ctx context.Context) ([]byte, error) {
 			firstRuns.Add(1)
 			return nil, insertPayment(ctx, "first")
@@ -52,7 +53,7 @@ func TestStepWritesCommitWithTheRecoveryPoint(t *testing.T) {
 		}); err != nil {
 			return nil, err
 		}
-		return &idem.Response{StatusCode: 201}, insertPayment(ctx, "final")
+		return &idemstore.Response{StatusCode: 201}, insertPayment(ctx, "final")
 	}
 	p := idem.DoParams{Scope: "s", Key: "k", Fingerprint: "v1:x"}
 	res, err := exec.Do(t.Context(), p, op)
@@ -68,7 +69,7 @@ func TestStepWritesCommitWithTheRecoveryPoint(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		res, err = exec.Do(t.Context(), p, op)
-		if !errors.Is(err, idem.ErrInFlight) || time.Now().After(deadline) {
+		if !errors.Is(err, idemstore.ErrInFlight) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond) // a client's back-off, not synchronisation
@@ -97,13 +98,13 @@ func TestStaleOwnerStepRollsBack(t *testing.T) {
 	inside, proceed := make(chan struct{}), make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
-		_, err := stale.Do(context.Background(), p, func(ctx context.Context) (*idem.Response, error) {
+		_, err := stale.Do(context.Background(), p, func(ctx context.Context) (*idemstore.Response, error) {
 			_, err := idem.Step(ctx, "write", func(ctx context.Context) ([]byte, error) {
 				close(inside)
 				<-proceed
 				return nil, insertPayment(ctx, "stale")
 			})
-			return &idem.Response{StatusCode: 200}, err
+			return &idemstore.Response{StatusCode: 200}, err
 		})
 		errc <- err
 	}()
@@ -111,15 +112,15 @@ func TestStaleOwnerStepRollsBack(t *testing.T) {
 	mu.Lock()
 	now = now.Add(2 * time.Hour)
 	mu.Unlock()
-	res, err := successor.Do(t.Context(), p, func(ctx context.Context) (*idem.Response, error) {
+	res, err := successor.Do(t.Context(), p, func(ctx context.Context) (*idemstore.Response, error) {
 		_, err := idem.Step(ctx, "write", func(ctx context.Context) ([]byte, error) { return nil, insertPayment(ctx, "successor") })
-		return &idem.Response{StatusCode: 200}, err
+		return &idemstore.Response{StatusCode: 200}, err
 	})
 	if err != nil || !res.TookOver {
 		t.Fatalf("successor: %v, took over %v", err, res.TookOver)
 	}
 	close(proceed)
-	if err := <-errc; !errors.Is(err, idem.ErrLeaseLost) {
+	if err := <-errc; !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("stale owner: %v, want ErrLeaseLost", err)
 	}
 	var notes []string

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
@@ -146,8 +147,8 @@ func TestLostLeaseRollsBackBusinessWrite(t *testing.T) {
 	business(t, s)
 	ctx := context.Background()
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	claim := idem.ClaimParams{Scope: "s", Key: "k", Fingerprint: "v1:x", Token: "stale", Lease: time.Second, TTL: time.Hour, Now: now}
-	if r, err := s.Claim(ctx, claim); err != nil || r.Outcome != idem.ClaimAcquired {
+	claim := idemstore.ClaimParams{Scope: "s", Key: "k", Fingerprint: "v1:x", Token: "stale", Lease: time.Second, TTL: time.Hour, Now: now}
+	if r, err := s.Claim(ctx, claim); err != nil || r.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("claim: %v %v", r.Outcome, err)
 	}
 	// The lease runs out and another attempt takes over.
@@ -164,9 +165,9 @@ func TestLostLeaseRollsBackBusinessWrite(t *testing.T) {
 	if _, err := tx.Exec(`INSERT INTO payments (note) VALUES ('stale')`); err != nil {
 		t.Fatal(err)
 	}
-	err = s.CompleteTx(ctx, tx, idem.CompleteParams{Scope: "s", Key: "k", Token: "stale",
-		Response: &idem.Response{StatusCode: 201}, Now: now.Add(3 * time.Second)})
-	if !errors.Is(err, idem.ErrLeaseLost) {
+	err = s.CompleteTx(ctx, tx, idemstore.CompleteParams{Scope: "s", Key: "k", Token: "stale",
+		Response: &idemstore.Response{StatusCode: 201}, Now: now.Add(3 * time.Second)})
+	if !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("CompleteTx of a stale owner: %v, want ErrLeaseLost", err)
 	}
 	tx.Rollback()
@@ -262,12 +263,12 @@ func TestReopenKeepsRecords(t *testing.T) {
 	s, path := open(t)
 	ctx := context.Background()
 	now := time.Now()
-	p := idem.ClaimParams{Scope: "s", Key: "k", Fingerprint: "v1:x", Token: "t", Lease: time.Minute, TTL: time.Hour, Now: now}
+	p := idemstore.ClaimParams{Scope: "s", Key: "k", Fingerprint: "v1:x", Token: "t", Lease: time.Minute, TTL: time.Hour, Now: now}
 	if _, err := s.Claim(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, idem.CompleteParams{Scope: "s", Key: "k", Token: "t", Now: now,
-		Response: &idem.Response{StatusCode: 201, Body: []byte("kept")}}); err != nil {
+	if err := s.Complete(ctx, idemstore.CompleteParams{Scope: "s", Key: "k", Token: "t", Now: now,
+		Response: &idemstore.Response{StatusCode: 201, Body: []byte("kept")}}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -278,7 +279,7 @@ func TestReopenKeepsRecords(t *testing.T) {
 	defer again.Close()
 	p.Token = "t2"
 	r, err := again.Claim(ctx, p)
-	if err != nil || r.Outcome != idem.ClaimCompleted || string(r.Record.Response.Body) != "kept" {
+	if err != nil || r.Outcome != idemstore.ClaimCompleted || string(r.Record.Response.Body) != "kept" {
 		t.Fatalf("after reopening: %v %v", r.Outcome, err)
 	}
 }

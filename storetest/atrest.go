@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Raw reads and writes what a store holds, bypassing the store: the
@@ -35,7 +37,7 @@ type Raw interface {
 // AtRestHarness tells RunAtRest how to get a store and its raw contents.
 type AtRestHarness struct {
 	// NewStore returns a fresh, isolated store and raw access to it.
-	NewStore func(t *testing.T) (idem.Store, Raw)
+	NewStore func(t *testing.T) (idemstore.Store, Raw)
 }
 
 const (
@@ -83,26 +85,26 @@ func atRestKey(name string) []byte {
 
 // Encryption returns an encryption with one key and key hashing, for a
 // store's TestConformanceEncrypted (Harness.Encryption).
-func Encryption(t *testing.T) *idem.Encryption {
+func Encryption(t *testing.T) *idemcrypt.Encryption {
 	t.Helper()
 	return atRestEncryption(t, true, "1")
 }
 
-func atRestEncryption(t *testing.T, hash bool, ids ...string) *idem.Encryption {
+func atRestEncryption(t *testing.T, hash bool, ids ...string) *idemcrypt.Encryption {
 	t.Helper()
-	keys := make([]idem.KeyringKey, len(ids))
+	keys := make([]idemcrypt.Key, len(ids))
 	for i, id := range ids {
-		keys[i] = idem.KeyringKey{ID: id, Key: atRestKey(id)}
+		keys[i] = idemcrypt.Key{ID: id, Key: atRestKey(id)}
 	}
-	kr, err := idem.NewKeyring(keys...)
+	kr, err := idemcrypt.NewKeyring(keys...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfg idem.EncryptionConfig
+	var cfg idemcrypt.Config
 	if hash {
 		cfg.HashKey = atRestKey("hash")
 	}
-	enc, err := idem.NewEncryption(kr, &cfg)
+	enc, err := idemcrypt.New(kr, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,10 +116,10 @@ func atRestEncryption(t *testing.T, hash bool, ids ...string) *idem.Encryption {
 type paymentServer struct {
 	url  string
 	runs *atomic.Int64
-	enc  *idem.Encryption
+	enc  *idemcrypt.Encryption
 }
 
-func newPaymentServer(t *testing.T, store idem.Store, enc *idem.Encryption, runs *atomic.Int64) *paymentServer {
+func newPaymentServer(t *testing.T, store idemstore.Store, enc *idemcrypt.Encryption, runs *atomic.Int64) *paymentServer {
 	t.Helper()
 	mw, err := idem.NewMiddleware(store, &idem.Config{
 		Encryption:    enc,
@@ -202,7 +204,7 @@ func sameReply(a, b reply) bool {
 
 func testMarkerAbsent(t *testing.T, h AtRestHarness, encrypted bool) {
 	store, raw := h.NewStore(t)
-	var enc *idem.Encryption
+	var enc *idemcrypt.Encryption
 	if encrypted {
 		enc = atRestEncryption(t, true, "1")
 	}

@@ -12,10 +12,12 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // RawCheckpoints is implemented by the Raw of a store that keeps recovery
-// points (idem.StepStore), so that RunAtRest can alter them as someone with
+// points (idemstore.StepStore), so that RunAtRest can alter them as someone with
 // write access to the database would. Without it, RunAtRest still checks
 // that checkpoints are sealed (through Raw.Dump) and skips the tampering
 // cases.
@@ -71,11 +73,11 @@ func newStepFlow(marker string) *stepFlow {
 		chargeData:  []byte(`{"chargeId":"` + marker + `-charge"}`)}
 }
 
-func (f *stepFlow) op(ctx context.Context) (*idem.Response, error) {
+func (f *stepFlow) op(ctx context.Context) (*idemstore.Response, error) {
 	pay, err := idem.Step(ctx, "payment", func(ctx context.Context) ([]byte, error) {
 		f.payments.Add(1)
 		// On a transactional store the recovery point then commits in the
-		// operation's transaction (idem.CheckpointTx).
+		// operation's transaction (idemstore.CheckpointTx).
 		if _, err := idem.TxFromContext(ctx); err != nil && !errors.Is(err, idem.ErrNoTx) {
 			return nil, err
 		}
@@ -103,7 +105,7 @@ func (f *stepFlow) op(ctx context.Context) (*idem.Response, error) {
 	}); err != nil {
 		return nil, err
 	}
-	return &idem.Response{StatusCode: 201, Body: append(append(bytes.Clone(pay), ' '), charge...)}, nil
+	return &idemstore.Response{StatusCode: 201, Body: append(append(bytes.Clone(pay), ' '), charge...)}, nil
 }
 
 func (f *stepFlow) runs() [3]int64 {
@@ -113,14 +115,14 @@ func (f *stepFlow) runs() [3]int64 {
 // stepRunner runs stepFlow operations through an Executor on store.
 type stepRunner struct {
 	t     *testing.T
-	store idem.Store
+	store idemstore.Store
 	exec  *idem.Executor
-	enc   *idem.Encryption
+	enc   *idemcrypt.Encryption
 }
 
 const stepsOp = "POST /payments (steps)"
 
-func newStepRunner(t *testing.T, store idem.Store, enc *idem.Encryption) *stepRunner {
+func newStepRunner(t *testing.T, store idemstore.Store, enc *idemcrypt.Encryption) *stepRunner {
 	t.Helper()
 	exec, err := idem.NewExecutor(store, &idem.Config{Encryption: enc,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -152,7 +154,7 @@ func (r *stepRunner) suspend(key string, f *stepFlow) {
 }
 
 // complete runs f for key and wants a stored response.
-func (r *stepRunner) complete(key string, f *stepFlow) *idem.Response {
+func (r *stepRunner) complete(key string, f *stepFlow) *idemstore.Response {
 	r.t.Helper()
 	res, err := r.do(key, f)
 	if err != nil || res.Response == nil || res.Response.StatusCode != 201 || res.Suspended || res.Released {
@@ -194,18 +196,18 @@ func (r *stepRunner) setStored(raw Raw, key string, b []byte) {
 	raw.(RawCheckpoints).SetCheckpoint(r.t, scope, k, b)
 }
 
-func stepStoreOrSkip(t *testing.T, h AtRestHarness) (idem.Store, Raw) {
+func stepStoreOrSkip(t *testing.T, h AtRestHarness) (idemstore.Store, Raw) {
 	t.Helper()
 	store, raw := h.NewStore(t)
-	if _, ok := store.(idem.StepStore); !ok {
-		t.Skip("the store does not implement idem.StepStore")
+	if _, ok := store.(idemstore.StepStore); !ok {
+		t.Skip("the store does not implement idemstore.StepStore")
 	}
 	return store, raw
 }
 
 func testCheckpointMarker(t *testing.T, h AtRestHarness, encrypted bool) {
 	store, raw := stepStoreOrSkip(t, h)
-	var enc *idem.Encryption
+	var enc *idemcrypt.Encryption
 	if encrypted {
 		enc = atRestEncryption(t, true, "1")
 	}
@@ -270,7 +272,7 @@ func testCheckpointTampered(t *testing.T, h AtRestHarness) {
 	r.unreadable("flipped", flows["flipped"], "one bit flipped")
 	r.unreadable("copied", flows["copied"], "copied from another record")
 	r.unreadable("plain", flows["plain"], "replaced by a checkpoint in clear")
-	lenient := newStepRunner(t, store, atRestEncryptionWith(t, &idem.EncryptionConfig{AcceptPlaintext: true}, "1"))
+	lenient := newStepRunner(t, store, atRestEncryptionWith(t, &idemcrypt.Config{AcceptPlaintext: true}, "1"))
 	lenient.unreadable("flipped", flows["flipped"], "one bit flipped, with AcceptPlaintext")
 	// The altered records keep what was stored, so that a restored key
 	// (or an investigation) still finds it.
@@ -279,7 +281,7 @@ func testCheckpointTampered(t *testing.T, h AtRestHarness) {
 	}
 
 	resumed := map[string]bool{}
-	res, err := r.exec.Reconcile(t.Context(), idem.ReconcileParams{Operation: stepsOp}, func(_ context.Context, rec idem.StuckRecord) (idem.Operation, error) {
+	res, err := r.exec.Reconcile(t.Context(), idem.ReconcileParams{Operation: stepsOp}, func(_ context.Context, rec idemstore.StuckRecord) (idem.Operation, error) {
 		resumed[rec.Key] = true
 		steps, err := idem.ParseCheckpoint(rec.Checkpoint)
 		if err != nil || len(steps) != 2 || steps[0].Name != "payment" || !bytes.Equal(steps[0].Data, flows[rec.Key].paymentData) {
@@ -311,7 +313,7 @@ func testPlaintextAccepted(t *testing.T, h AtRestHarness) {
 	strict.unreadable("done", done, "completed in clear, AcceptPlaintext off")
 	strict.unreadable("pending", pending, "recovery point in clear, AcceptPlaintext off")
 
-	lenient := newStepRunner(t, store, atRestEncryptionWith(t, &idem.EncryptionConfig{AcceptPlaintext: true}, "1"))
+	lenient := newStepRunner(t, store, atRestEncryptionWith(t, &idemcrypt.Config{AcceptPlaintext: true}, "1"))
 	res, err := lenient.do("done", done)
 	if err != nil || !res.Replayed || !bytes.Equal(res.Response.Body, first.Body) {
 		t.Fatalf("completed in clear, AcceptPlaintext: %+v, %v; want the replay", res, err)
@@ -342,17 +344,17 @@ func testPlaintextAccepted(t *testing.T, h AtRestHarness) {
 	strict.unreadable("done", done, "completed in clear, AcceptPlaintext off again")
 }
 
-func atRestEncryptionWith(t *testing.T, cfg *idem.EncryptionConfig, ids ...string) *idem.Encryption {
+func atRestEncryptionWith(t *testing.T, cfg *idemcrypt.Config, ids ...string) *idemcrypt.Encryption {
 	t.Helper()
-	keys := make([]idem.KeyringKey, len(ids))
+	keys := make([]idemcrypt.Key, len(ids))
 	for i, id := range ids {
-		keys[i] = idem.KeyringKey{ID: id, Key: atRestKey(id)}
+		keys[i] = idemcrypt.Key{ID: id, Key: atRestKey(id)}
 	}
-	kr, err := idem.NewKeyring(keys...)
+	kr, err := idemcrypt.NewKeyring(keys...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	enc, err := idem.NewEncryption(kr, cfg)
+	enc, err := idemcrypt.New(kr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // BenchHarness tells Benchmark how to get a store.
@@ -17,7 +18,7 @@ type BenchHarness struct {
 	// NewStore returns a fresh, empty store, isolated from every other
 	// (as Harness.NewStore), and registers its cleanup with b. Benchmark
 	// calls it once per path.
-	NewStore func(b *testing.B) idem.Store
+	NewStore func(b *testing.B) idemstore.Store
 }
 
 // Benchmark measures the store operations of idem's request paths, the same
@@ -26,7 +27,7 @@ type BenchHarness struct {
 //
 //	func BenchmarkStore(b *testing.B) {
 //		storetest.Benchmark(b, storetest.BenchHarness{
-//			NewStore: func(b *testing.B) idem.Store { return newIsolatedStore(b) },
+//			NewStore: func(b *testing.B) idemstore.Store { return newIsolatedStore(b) },
 //		})
 //	}
 //
@@ -50,45 +51,45 @@ func Benchmark(b *testing.B, h BenchHarness) {
 	}
 	var seq atomic.Int64 // keys and tokens: unique across every run
 	next := func(prefix string) string { return prefix + strconv.FormatInt(seq.Add(1), 36) }
-	params := func(key, token string) idem.ClaimParams {
-		return idem.ClaimParams{Scope: benchScope, Key: key, Fingerprint: benchFingerprint, Token: token,
+	params := func(key, token string) idemstore.ClaimParams {
+		return idemstore.ClaimParams{Scope: benchScope, Key: key, Fingerprint: benchFingerprint, Token: token,
 			Lease: time.Minute, TTL: time.Hour, Now: time.Now()}
 	}
 	paths := []struct {
 		name string
 		// setup prepares the store and returns the operation to measure.
-		setup func(b *testing.B, s idem.Store) func(ctx context.Context) error
+		setup func(b *testing.B, s idemstore.Store) func(ctx context.Context) error
 	}{
-		{"ClaimComplete", func(b *testing.B, s idem.Store) func(ctx context.Context) error {
+		{"ClaimComplete", func(b *testing.B, s idemstore.Store) func(ctx context.Context) error {
 			return func(ctx context.Context) error {
 				key := next("first-")
 				p := params(key, key)
-				if err := claimAs(ctx, s, p, idem.ClaimAcquired); err != nil {
+				if err := claimAs(ctx, s, p, idemstore.ClaimAcquired); err != nil {
 					return err
 				}
-				return s.Complete(ctx, idem.CompleteParams{Scope: p.Scope, Key: key, Token: key, Response: benchResponse, Now: p.Now})
+				return s.Complete(ctx, idemstore.CompleteParams{Scope: p.Scope, Key: key, Token: key, Response: benchResponse, Now: p.Now})
 			}
 		}},
-		{"Replay", func(b *testing.B, s idem.Store) func(ctx context.Context) error {
+		{"Replay", func(b *testing.B, s idemstore.Store) func(ctx context.Context) error {
 			p := params("replayed", "owner")
-			if err := claimAs(b.Context(), s, p, idem.ClaimAcquired); err != nil {
+			if err := claimAs(b.Context(), s, p, idemstore.ClaimAcquired); err != nil {
 				b.Fatal(err)
 			}
-			if err := s.Complete(b.Context(), idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: benchResponse, Now: p.Now}); err != nil {
+			if err := s.Complete(b.Context(), idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: benchResponse, Now: p.Now}); err != nil {
 				b.Fatal(err)
 			}
 			return func(ctx context.Context) error {
-				return claimAs(ctx, s, params("replayed", next("retry-")), idem.ClaimCompleted)
+				return claimAs(ctx, s, params("replayed", next("retry-")), idemstore.ClaimCompleted)
 			}
 		}},
-		{"InFlight", func(b *testing.B, s idem.Store) func(ctx context.Context) error {
+		{"InFlight", func(b *testing.B, s idemstore.Store) func(ctx context.Context) error {
 			p := params("running", "owner")
 			p.Lease = time.Hour
-			if err := claimAs(b.Context(), s, p, idem.ClaimAcquired); err != nil {
+			if err := claimAs(b.Context(), s, p, idemstore.ClaimAcquired); err != nil {
 				b.Fatal(err)
 			}
 			return func(ctx context.Context) error {
-				return claimAs(ctx, s, params("running", next("dup-")), idem.ClaimInFlight)
+				return claimAs(ctx, s, params("running", next("dup-")), idemstore.ClaimInFlight)
 			}
 		}},
 	}
@@ -131,7 +132,7 @@ func Benchmark(b *testing.B, h BenchHarness) {
 var (
 	benchScope       = idem.Scope("tenant-1", "POST /api/payments")
 	benchFingerprint = "v1:" + fmt.Sprintf("%064x", 5)
-	benchResponse    = &idem.Response{
+	benchResponse    = &idemstore.Response{
 		StatusCode: 201,
 		Header:     map[string][]string{"Content-Type": {"application/json"}, "Location": {"/api/payments/pay_123"}},
 		Body:       []byte(`{"id":"pay_123","amountCents":2599,"currency":"USD","reference":"order-1001","status":"succeeded"}`),
@@ -139,7 +140,7 @@ var (
 )
 
 // claimAs claims p and checks the outcome.
-func claimAs(ctx context.Context, s idem.Store, p idem.ClaimParams, want idem.ClaimOutcome) error {
+func claimAs(ctx context.Context, s idemstore.Store, p idemstore.ClaimParams, want idemstore.ClaimOutcome) error {
 	r, err := s.Claim(ctx, p)
 	if err != nil {
 		return fmt.Errorf("claim %q: %w", p.Key, err)

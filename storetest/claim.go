@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 func testClaim(t *testing.T, h Harness) {
@@ -14,11 +15,11 @@ func testClaim(t *testing.T, h Harness) {
 		scope, key := b.names()
 		p := b.claimParams(scope, key, fpA)
 		now := b.clock.Now()
-		r := b.mustOutcome(p, idem.ClaimAcquired)
+		r := b.mustOutcome(p, idemstore.ClaimAcquired)
 		if r.TookOver {
 			t.Error("TookOver set on a new key")
 		}
-		if r.Record.State != idem.StateInFlight {
+		if r.Record.State != idemstore.StateInFlight {
 			t.Errorf("State = %v, want in flight", r.Record.State)
 		}
 		if r.Record.Fingerprint != fpA {
@@ -32,10 +33,10 @@ func testClaim(t *testing.T, h Harness) {
 		b := setup(t, h)
 		p := b.acquire(fpA)
 		first := b.claim(b.other(p))
-		if first.Outcome != idem.ClaimInFlight {
+		if first.Outcome != idemstore.ClaimInFlight {
 			t.Fatalf("duplicate claim = %v, want in flight", first.Outcome)
 		}
-		if first.Record.State != idem.StateInFlight || first.Record.Fingerprint != fpA {
+		if first.Record.State != idemstore.StateInFlight || first.Record.Fingerprint != fpA {
 			t.Errorf("duplicate sees record %+v", first.Record)
 		}
 		// The duplicate must not have become the owner.
@@ -49,7 +50,7 @@ func testClaim(t *testing.T, h Harness) {
 		p := b.acquire(fpA)
 		q := b.other(p)
 		q.Fingerprint = fpB
-		r := b.mustOutcome(q, idem.ClaimMismatch)
+		r := b.mustOutcome(q, idemstore.ClaimMismatch)
 		if r.Record.Fingerprint != fpA {
 			t.Errorf("mismatch reports fingerprint %q, want the stored %q", r.Record.Fingerprint, fpA)
 		}
@@ -66,8 +67,8 @@ func testClaim(t *testing.T, h Harness) {
 		if err := b.complete(p, want); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
-		r := b.mustOutcome(b.other(p), idem.ClaimCompleted)
-		if r.Record.State != idem.StateCompleted {
+		r := b.mustOutcome(b.other(p), idemstore.ClaimCompleted)
+		if r.Record.State != idemstore.StateCompleted {
 			t.Errorf("State = %v, want completed", r.Record.State)
 		}
 		if d := sameResponse(r.Record.Response, want); d != "" {
@@ -77,7 +78,7 @@ func testClaim(t *testing.T, h Harness) {
 			t.Errorf("Complete changed ExpiresAt from %v to %v", acquiredExpiry, r.Record.ExpiresAt)
 		}
 		// Replays are stable.
-		r2 := b.mustOutcome(b.other(p), idem.ClaimCompleted)
+		r2 := b.mustOutcome(b.other(p), idemstore.ClaimCompleted)
 		if d := sameResponse(r2.Record.Response, want); d != "" {
 			t.Errorf("second replay: %s", d)
 		}
@@ -91,7 +92,7 @@ func testClaim(t *testing.T, h Harness) {
 		}
 		q := b.other(p)
 		q.Fingerprint = fpB
-		r := b.mustOutcome(q, idem.ClaimMismatch)
+		r := b.mustOutcome(q, idemstore.ClaimMismatch)
 		if r.Record.Fingerprint != fpA {
 			t.Errorf("mismatch reports fingerprint %q, want %q", r.Record.Fingerprint, fpA)
 		}
@@ -103,16 +104,16 @@ func testClaim(t *testing.T, h Harness) {
 		a := b.claimParams(idem.Scope("tenant-a", "POST /pay"), key, fpA)
 		c := b.claimParams(idem.Scope("tenant-b", "POST /pay"), key, fpB)
 		d := b.claimParams(idem.Scope("tenant-a", "POST /refund"), key, fpB)
-		b.mustOutcome(a, idem.ClaimAcquired)
-		b.mustOutcome(c, idem.ClaimAcquired)
-		b.mustOutcome(d, idem.ClaimAcquired)
+		b.mustOutcome(a, idemstore.ClaimAcquired)
+		b.mustOutcome(c, idemstore.ClaimAcquired)
+		b.mustOutcome(d, idemstore.ClaimAcquired)
 		want := sampleResponse()
 		if err := b.complete(a, want); err != nil {
 			t.Fatalf("Complete a: %v", err)
 		}
-		b.mustOutcome(b.other(c), idem.ClaimInFlight)
-		b.mustOutcome(b.other(d), idem.ClaimInFlight)
-		r := b.mustOutcome(b.other(a), idem.ClaimCompleted)
+		b.mustOutcome(b.other(c), idemstore.ClaimInFlight)
+		b.mustOutcome(b.other(d), idemstore.ClaimInFlight)
+		r := b.mustOutcome(b.other(a), idemstore.ClaimCompleted)
 		if diff := sameResponse(r.Record.Response, want); diff != "" {
 			t.Errorf("tenant a replay: %s", diff)
 		}
@@ -121,9 +122,9 @@ func testClaim(t *testing.T, h Harness) {
 	t.Run("KeysAreIsolated", func(t *testing.T) {
 		b := setup(t, h)
 		scope, _ := b.names()
-		b.mustOutcome(b.claimParams(scope, "k1", fpA), idem.ClaimAcquired)
-		b.mustOutcome(b.claimParams(scope, "k2", fpA), idem.ClaimAcquired)
-		b.mustOutcome(b.claimParams(scope, "K1", fpA), idem.ClaimAcquired)
+		b.mustOutcome(b.claimParams(scope, "k1", fpA), idemstore.ClaimAcquired)
+		b.mustOutcome(b.claimParams(scope, "k2", fpA), idemstore.ClaimAcquired)
+		b.mustOutcome(b.claimParams(scope, "K1", fpA), idemstore.ClaimAcquired)
 	})
 
 	t.Run("UnusualKeysAndScopes", func(t *testing.T) {
@@ -136,13 +137,13 @@ func testClaim(t *testing.T, h Harness) {
 		for _, scope := range scopes {
 			for _, key := range keys {
 				p := b.claimParams(scope, key, fpA)
-				b.mustOutcome(p, idem.ClaimAcquired)
+				b.mustOutcome(p, idemstore.ClaimAcquired)
 				want := sampleResponse()
 				want.Body = []byte(scope + "/" + key)
 				if err := b.complete(p, want); err != nil {
 					t.Fatalf("Complete(%q, %q): %v", scope, key, err)
 				}
-				r := b.mustOutcome(b.other(p), idem.ClaimCompleted)
+				r := b.mustOutcome(b.other(p), idemstore.ClaimCompleted)
 				if d := sameResponse(r.Record.Response, want); d != "" {
 					t.Errorf("(%q, %q): %s", scope, key, d)
 				}
@@ -157,7 +158,7 @@ func testClaim(t *testing.T, h Harness) {
 			t.Fatalf("Release: %v", err)
 		}
 		q := b.other(p)
-		r := b.mustOutcome(q, idem.ClaimAcquired)
+		r := b.mustOutcome(q, idemstore.ClaimAcquired)
 		if r.TookOver {
 			t.Error("TookOver set on a released key")
 		}
@@ -167,7 +168,7 @@ func testClaim(t *testing.T, h Harness) {
 		// A released key is free for any request, also another payload.
 		z := b.other(p)
 		z.Fingerprint = fpB
-		b.mustOutcome(z, idem.ClaimAcquired)
+		b.mustOutcome(z, idemstore.ClaimAcquired)
 	})
 
 	t.Run("CancelledContext", func(t *testing.T) {

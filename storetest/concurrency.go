@@ -6,13 +6,14 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // race runs n goroutines that all start f at once (released by one closed
 // channel) and returns their outcomes.
-func (b *bundle) race(n int, f func(i int) (idem.ClaimResult, error)) []idem.ClaimResult {
+func (b *bundle) race(n int, f func(i int) (idemstore.ClaimResult, error)) []idemstore.ClaimResult {
 	b.t.Helper()
-	results := make([]idem.ClaimResult, n)
+	results := make([]idemstore.ClaimResult, n)
 	errs := make([]error, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -34,7 +35,7 @@ func (b *bundle) race(n int, f func(i int) (idem.ClaimResult, error)) []idem.Cla
 	return results
 }
 
-func count(rs []idem.ClaimResult, o idem.ClaimOutcome) int {
+func count(rs []idemstore.ClaimResult, o idemstore.ClaimOutcome) int {
 	n := 0
 	for _, r := range rs {
 		if r.Outcome == o {
@@ -53,12 +54,12 @@ func testConcurrency(t *testing.T, h Harness) {
 		for i := range tokens {
 			tokens[i] = b.token()
 		}
-		rs := b.race(n, func(i int) (idem.ClaimResult, error) {
+		rs := b.race(n, func(i int) (idemstore.ClaimResult, error) {
 			p := b.claimParams(scope, key, fpA)
 			p.Token = tokens[i]
 			return b.store.Claim(b.ctx, p)
 		})
-		if a, f := count(rs, idem.ClaimAcquired), count(rs, idem.ClaimInFlight); a != 1 || f != n-1 {
+		if a, f := count(rs, idemstore.ClaimAcquired), count(rs, idemstore.ClaimInFlight); a != 1 || f != n-1 {
 			t.Fatalf("%d acquired, %d in flight; want 1 and %d", a, f, n-1)
 		}
 		// Exactly the winner owns the record.
@@ -67,7 +68,7 @@ func testConcurrency(t *testing.T, h Harness) {
 			p := b.claimParams(scope, key, fpA)
 			p.Token = tokens[i]
 			err := b.renew(p)
-			if (err == nil) != (r.Outcome == idem.ClaimAcquired) {
+			if (err == nil) != (r.Outcome == idemstore.ClaimAcquired) {
 				t.Errorf("goroutine %d: outcome %v but Renew says %v", i, r.Outcome, err)
 			}
 			if err == nil {
@@ -84,15 +85,15 @@ func testConcurrency(t *testing.T, h Harness) {
 		p := b.acquire(fpA)
 		b.clock.Advance(b.lease + b.lease/4)
 		const n = 32
-		rs := b.race(n, func(int) (idem.ClaimResult, error) {
+		rs := b.race(n, func(int) (idemstore.ClaimResult, error) {
 			q := b.other(p)
 			q.Now = b.clock.Now()
 			return b.store.Claim(b.ctx, q)
 		})
-		if a := count(rs, idem.ClaimAcquired); a != 1 {
+		if a := count(rs, idemstore.ClaimAcquired); a != 1 {
 			t.Fatalf("%d goroutines took over the expired lease, want 1", a)
 		}
-		if f := count(rs, idem.ClaimInFlight); f != n-1 {
+		if f := count(rs, idemstore.ClaimInFlight); f != n-1 {
 			t.Fatalf("%d saw it in flight, want %d", f, n-1)
 		}
 	})
@@ -109,7 +110,7 @@ func testConcurrency(t *testing.T, h Harness) {
 				for i := range perWorker {
 					p := b.claimParams(idem.Scope(fmt.Sprint("w", w), "POST /x"), fmt.Sprint("k", i), fpA)
 					r, err := b.store.Claim(b.ctx, p)
-					if err != nil || r.Outcome != idem.ClaimAcquired {
+					if err != nil || r.Outcome != idemstore.ClaimAcquired {
 						errs <- fmt.Errorf("worker %d key %d: %v %v", w, i, r.Outcome, err)
 						return
 					}
@@ -121,7 +122,7 @@ func testConcurrency(t *testing.T, h Harness) {
 					}
 					r, err = b.store.Claim(b.ctx, b.other(p))
 					r = b.open(p, r)
-					if err != nil || r.Outcome != idem.ClaimCompleted || string(r.Record.Response.Body) != string(resp.Body) {
+					if err != nil || r.Outcome != idemstore.ClaimCompleted || string(r.Record.Response.Body) != string(resp.Body) {
 						errs <- fmt.Errorf("worker %d key %d: replay %v %v", w, i, r.Outcome, err)
 						return
 					}

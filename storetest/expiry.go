@@ -3,7 +3,7 @@ package storetest
 import (
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 func testExpiry(t *testing.T, h Harness) {
@@ -13,12 +13,12 @@ func testExpiry(t *testing.T, h Harness) {
 		if err := b.complete(p, sampleResponse()); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
-		b.mustOutcome(b.other(p), idem.ClaimCompleted)
+		b.mustOutcome(b.other(p), idemstore.ClaimCompleted)
 		b.clock.Advance(b.ttl + b.lease/4)
 		// After its TTL the key is new, for any payload.
 		q := b.other(p)
 		q.Fingerprint = fpB
-		r := b.mustOutcome(q, idem.ClaimAcquired)
+		r := b.mustOutcome(q, idemstore.ClaimAcquired)
 		if r.TookOver {
 			t.Error("TookOver set when claiming over an expired record")
 		}
@@ -27,7 +27,7 @@ func testExpiry(t *testing.T, h Harness) {
 	t.Run("DeleteExpiredInBatches", func(t *testing.T) {
 		b := setup(t, h)
 		const old, fresh, limit = 25, 5, 10
-		var olds, freshes []idem.ClaimParams
+		var olds, freshes []idemstore.ClaimParams
 		for i := range old {
 			p := b.acquire(fpA)
 			if i%2 == 0 {
@@ -47,7 +47,7 @@ func testExpiry(t *testing.T, h Harness) {
 		var counts []int
 		total := 0
 		for {
-			n, err := b.store.DeleteExpired(b.ctx, idem.DeleteExpiredParams{Limit: limit, Now: b.clock.Now()})
+			n, err := b.store.DeleteExpired(b.ctx, idemstore.DeleteExpiredParams{Limit: limit, Now: b.clock.Now()})
 			if err != nil {
 				t.Fatalf("DeleteExpired: %v", err)
 			}
@@ -84,7 +84,7 @@ func testExpiry(t *testing.T, h Harness) {
 
 	t.Run("DeleteExpiredRejectsBadLimit", func(t *testing.T) {
 		b := setup(t, h)
-		if _, err := b.store.DeleteExpired(b.ctx, idem.DeleteExpiredParams{Limit: 0, Now: b.clock.Now()}); err == nil {
+		if _, err := b.store.DeleteExpired(b.ctx, idemstore.DeleteExpiredParams{Limit: 0, Now: b.clock.Now()}); err == nil {
 			t.Error("DeleteExpired with limit 0 succeeded")
 		}
 	})

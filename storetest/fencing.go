@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 func testFencing(t *testing.T, h Harness) {
@@ -12,16 +12,16 @@ func testFencing(t *testing.T, h Harness) {
 		b := setup(t, h)
 		p := b.acquire(fpA)
 		intruder := b.other(p)
-		if err := b.renew(intruder); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.renew(intruder); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Renew with a wrong token: %v, want ErrLeaseLost", err)
 		}
-		if err := b.complete(intruder, sampleResponse()); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.complete(intruder, sampleResponse()); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Complete with a wrong token: %v, want ErrLeaseLost", err)
 		}
-		if err := b.release(intruder); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.release(intruder); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Release with a wrong token: %v, want ErrLeaseLost", err)
 		}
-		b.mustOutcome(b.other(p), idem.ClaimInFlight)
+		b.mustOutcome(b.other(p), idemstore.ClaimInFlight)
 		if err := b.renew(p); err != nil {
 			t.Errorf("owner Renew: %v", err)
 		}
@@ -37,17 +37,17 @@ func testFencing(t *testing.T, h Harness) {
 		if err := b.complete(p, want); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
-		other := &idem.Response{StatusCode: 500, Body: []byte("overwritten")}
-		if err := b.complete(p, other); !errors.Is(err, idem.ErrLeaseLost) {
+		other := &idemstore.Response{StatusCode: 500, Body: []byte("overwritten")}
+		if err := b.complete(p, other); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("second Complete: %v, want ErrLeaseLost", err)
 		}
-		if err := b.release(p); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.release(p); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Release after Complete: %v, want ErrLeaseLost", err)
 		}
-		if err := b.renew(p); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.renew(p); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Renew after Complete: %v, want ErrLeaseLost", err)
 		}
-		r := b.mustOutcome(b.other(p), idem.ClaimCompleted)
+		r := b.mustOutcome(b.other(p), idemstore.ClaimCompleted)
 		if d := sameResponse(r.Record.Response, want); d != "" {
 			t.Errorf("response after refused transitions: %s", d)
 		}
@@ -59,13 +59,13 @@ func testFencing(t *testing.T, h Harness) {
 		if err := b.release(p); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		if err := b.complete(p, sampleResponse()); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.complete(p, sampleResponse()); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Complete after Release: %v, want ErrLeaseLost", err)
 		}
-		if err := b.release(p); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.release(p); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("second Release: %v, want ErrLeaseLost", err)
 		}
-		if err := b.renew(p); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.renew(p); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Renew after Release: %v, want ErrLeaseLost", err)
 		}
 	})
@@ -74,17 +74,17 @@ func testFencing(t *testing.T, h Harness) {
 		b := setup(t, h)
 		scope, key := b.names()
 		p := b.claimParams(scope, key, fpA)
-		if err := b.renew(p); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.renew(p); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Renew of an unknown record: %v, want ErrLeaseLost", err)
 		}
-		if err := b.complete(p, sampleResponse()); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.complete(p, sampleResponse()); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Complete of an unknown record: %v, want ErrLeaseLost", err)
 		}
-		if err := b.release(p); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.release(p); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Release of an unknown record: %v, want ErrLeaseLost", err)
 		}
 		// None of them may have created the record.
-		b.mustOutcome(p, idem.ClaimAcquired)
+		b.mustOutcome(p, idemstore.ClaimAcquired)
 	})
 
 	t.Run("StaleOwnerIsFenced", func(t *testing.T) {
@@ -96,20 +96,20 @@ func testFencing(t *testing.T, h Harness) {
 		if !r.TookOver {
 			t.Error("take-over of an expired lease did not set TookOver")
 		}
-		if err := b.renew(stale); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.renew(stale); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("stale Renew: %v, want ErrLeaseLost", err)
 		}
-		if err := b.complete(stale, &idem.Response{StatusCode: 200, Body: []byte("stale")}); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.complete(stale, &idemstore.Response{StatusCode: 200, Body: []byte("stale")}); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("stale Complete: %v, want ErrLeaseLost", err)
 		}
-		if err := b.release(stale); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.release(stale); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("stale Release: %v, want ErrLeaseLost", err)
 		}
 		want := sampleResponse()
 		if err := b.complete(successor, want); err != nil {
 			t.Fatalf("successor Complete: %v", err)
 		}
-		got := b.mustOutcome(b.other(stale), idem.ClaimCompleted)
+		got := b.mustOutcome(b.other(stale), idemstore.ClaimCompleted)
 		if d := sameResponse(got.Record.Response, want); d != "" {
 			t.Errorf("stored response is not the successor's: %s", d)
 		}

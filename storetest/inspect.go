@@ -3,23 +3,25 @@ package storetest
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
-// testInspect checks the optional idem.Inspector capability.
+// testInspect checks the optional idemstore.Inspector capability.
 func testInspect(t *testing.T, h Harness) {
-	inspector := func(t *testing.T) (*bundle, idem.Inspector) {
+	inspector := func(t *testing.T) (*bundle, idemstore.Inspector) {
 		b := setup(t, h)
-		in, ok := b.store.(idem.Inspector)
+		in, ok := b.store.(idemstore.Inspector)
 		if !ok {
-			t.Skip("the store does not implement idem.Inspector")
+			t.Skip("the store does not implement idemstore.Inspector")
 		}
 		return b, in
 	}
-	get := func(b *bundle, in idem.Inspector, p idem.ClaimParams) (idem.RecordInfo, error) {
-		return in.Get(b.ctx, idem.GetParams{Scope: p.Scope, Key: p.Key, Now: b.clock.Now()})
+	get := func(b *bundle, in idemstore.Inspector, p idemstore.ClaimParams) (idemstore.RecordInfo, error) {
+		return in.Get(b.ctx, idemstore.GetParams{Scope: p.Scope, Key: p.Key, Now: b.clock.Now()})
 	}
 
 	t.Run("GetInFlightAndCompleted", func(t *testing.T) {
@@ -29,7 +31,7 @@ func testInspect(t *testing.T, h Harness) {
 		if err != nil {
 			t.Fatalf("Get in flight: %v", err)
 		}
-		if ri.State != idem.StateInFlight || ri.Fingerprint != fpA || ri.Response != nil || ri.ResponseSize != 0 {
+		if ri.State != idemstore.StateInFlight || ri.Fingerprint != fpA || ri.Response != nil || ri.ResponseSize != 0 {
 			t.Errorf("Get in flight = %+v", ri)
 		}
 		if ri.Scope != p.Scope || ri.Key != p.Key || ri.FingerprintVersion() != idem.FingerprintVersion {
@@ -46,12 +48,12 @@ func testInspect(t *testing.T, h Harness) {
 		if err != nil {
 			t.Fatalf("Get completed: %v", err)
 		}
-		if ri.State != idem.StateCompleted || !ri.LeaseExpiresAt.IsZero() {
+		if ri.State != idemstore.StateCompleted || !ri.LeaseExpiresAt.IsZero() {
 			t.Errorf("Get completed: state %v, lease %v", ri.State, ri.LeaseExpiresAt)
 		}
 		// Get shows what the store holds: with Harness.Encryption, the
 		// sealed response, which opens to the one completed.
-		opened := b.open(p, idem.ClaimResult{Record: idem.Record{Response: ri.Response}}).Record.Response
+		opened := b.open(p, idemstore.ClaimResult{Record: idemstore.Record{Response: ri.Response}}).Record.Response
 		if d := sameResponse(opened, resp); d != "" {
 			t.Errorf("Get completed: response: %s", d)
 		}
@@ -62,14 +64,14 @@ func testInspect(t *testing.T, h Harness) {
 
 	t.Run("GetCheckpoint", func(t *testing.T) {
 		b, in := inspector(t)
-		ss, ok := b.store.(idem.StepStore)
+		ss, ok := b.store.(idemstore.StepStore)
 		if !ok {
-			t.Skip("the store does not implement idem.StepStore")
+			t.Skip("the store does not implement idemstore.StepStore")
 		}
 		p := b.acquire(fpA)
 		// Binary, as a sealed checkpoint is: a zero byte, invalid UTF-8.
 		cp := []byte("\x00idemcp1\xff\xfe{not json}\x00")
-		if err := ss.SaveCheckpoint(b.ctx, idem.SaveCheckpointParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+		if err := ss.SaveCheckpoint(b.ctx, idemstore.SaveCheckpointParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
 			Checkpoint: cp, Now: b.clock.Now()}); err != nil {
 			t.Fatalf("SaveCheckpoint: %v", err)
 		}
@@ -91,12 +93,12 @@ func testInspect(t *testing.T, h Harness) {
 	t.Run("GetAbsent", func(t *testing.T) {
 		b, in := inspector(t)
 		scope, key := b.names()
-		if _, err := in.Get(b.ctx, idem.GetParams{Scope: scope, Key: key, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := in.Get(b.ctx, idemstore.GetParams{Scope: scope, Key: key, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Get of an absent record: %v, want ErrNotFound", err)
 		}
 		// Another scope's record with the same key stays invisible.
 		p := b.acquire(fpA)
-		if _, err := in.Get(b.ctx, idem.GetParams{Scope: p.Scope + "x", Key: p.Key, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := in.Get(b.ctx, idemstore.GetParams{Scope: p.Scope + "x", Key: p.Key, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Get in another scope: %v, want ErrNotFound", err)
 		}
 	})
@@ -108,10 +110,10 @@ func testInspect(t *testing.T, h Harness) {
 		b, in := inspector(t)
 		p := b.acquire(fpA)
 		b.clock.Advance(b.ttl + b.lease)
-		if _, err := get(b, in, p); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := get(b, in, p); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Get of an expired record: %v, want ErrNotFound", err)
 		}
-		if err := in.Delete(b.ctx, idem.DeleteParams{Scope: p.Scope, Key: p.Key, Force: true, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+		if err := in.Delete(b.ctx, idemstore.DeleteParams{Scope: p.Scope, Key: p.Key, Force: true, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Delete of an expired record: %v, want ErrNotFound", err)
 		}
 	})
@@ -123,16 +125,12 @@ func testInspect(t *testing.T, h Harness) {
 		if err := b.complete(done, sampleResponse()); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
-		list := func(p idem.ListParams) []idem.RecordInfo {
+		list := func(p idemstore.ListParams) []idemstore.RecordInfo {
 			t.Helper()
 			p.Now = b.clock.Now()
-			out, err := in.List(b.ctx, p)
-			if err != nil {
-				t.Fatalf("List(%+v): %v", p, err)
-			}
-			return out
+			return walk(t, b, in, p)
 		}
-		all := list(idem.ListParams{Limit: 10})
+		all := list(idemstore.ListParams{Limit: 10})
 		if len(all) != 2 {
 			t.Fatalf("List = %d records, want 2", len(all))
 		}
@@ -140,18 +138,19 @@ func testInspect(t *testing.T, h Harness) {
 			if ri.Response != nil {
 				t.Error("List returned a response")
 			}
-			if want := b.seal(done, sampleResponse()).EncodedSize(); ri.State == idem.StateCompleted && ri.ResponseSize != want {
+			if want := b.seal(done, sampleResponse()).EncodedSize(); ri.State == idemstore.StateCompleted && ri.ResponseSize != want {
 				t.Errorf("List: ResponseSize = %d, want %d", ri.ResponseSize, want)
 			}
 		}
-		if got := list(idem.ListParams{Limit: 1}); len(got) != 1 {
-			t.Errorf("List with limit 1 = %d records", len(got))
+		page, err := in.List(b.ctx, idemstore.ListParams{Limit: 1, Now: b.clock.Now()})
+		if err != nil || len(page.Records) > 1 {
+			t.Errorf("List with limit 1 = %d records, %v", len(page.Records), err)
 		}
 		for _, c := range []struct {
-			state idem.RecordState
-			want  idem.ClaimParams
-		}{{idem.StateInFlight, running}, {idem.StateCompleted, done}} {
-			got := list(idem.ListParams{State: c.state, Limit: 10})
+			state idemstore.RecordState
+			want  idemstore.ClaimParams
+		}{{idemstore.StateInFlight, running}, {idemstore.StateCompleted, done}} {
+			got := list(idemstore.ListParams{State: c.state, Limit: 10})
 			if len(got) != 1 || got[0].State != c.state {
 				t.Fatalf("List(%v) = %+v", c.state, got)
 			}
@@ -160,21 +159,96 @@ func testInspect(t *testing.T, h Harness) {
 			}
 		}
 		if h.HashedKeys {
+			_, err := in.List(b.ctx, idemstore.ListParams{Key: done.Key, Limit: 10, Now: b.clock.Now()})
+			if !errors.Is(err, idemstore.ErrKeySearchUnsupported) {
+				t.Errorf("List by key on a store that keeps keys hashed: %v, want ErrKeySearchUnsupported", err)
+			}
 			return
 		}
-		got := list(idem.ListParams{Key: done.Key, Limit: 10})
+		got := list(idemstore.ListParams{Key: done.Key, Limit: 10})
 		if len(got) != 1 || got[0].Key != done.Key {
 			t.Errorf("List(key %q) = %+v", done.Key, got)
 		}
 	})
 
+	t.Run("ListPages", func(t *testing.T) { testListPages(t, h) })
+	t.Run("ListPagesUnderChurn", func(t *testing.T) { testListChurn(t, h) })
+	t.Run("ListInvalidCursor", func(t *testing.T) {
+		b, in := inspector(t)
+		b.acquire(fpA)
+		for _, c := range []string{"x", "k1.", "k1.!!", "r1.", "r1.AAAA", "k1.gA", " "} {
+			_, err := in.List(b.ctx, idemstore.ListParams{After: c, Limit: 10, Now: b.clock.Now()})
+			if !errors.Is(err, idemstore.ErrInvalidCursor) {
+				t.Errorf("List after %q: %v, want ErrInvalidCursor", c, err)
+			}
+		}
+	})
+
+	t.Run("ByID", func(t *testing.T) {
+		b, in := inspector(t)
+		running := b.acquire(fpA)
+		done := b.acquire(fpB)
+		if err := b.complete(done, sampleResponse()); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		ri, err := get(b, in, running)
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		if ri.ID == "" {
+			// Records named by scope and key only: an ID is refused.
+			if _, err := in.Get(b.ctx, idemstore.GetParams{ID: "x", Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrInvalidID) {
+				t.Errorf("Get by ID on a store without IDs: %v, want ErrInvalidID", err)
+			}
+			if err := in.Delete(b.ctx, idemstore.DeleteParams{ID: "x", Force: true, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrInvalidID) {
+				t.Errorf("Delete by ID on a store without IDs: %v, want ErrInvalidID", err)
+			}
+			if _, err := get(b, in, running); err != nil {
+				t.Errorf("the refused Delete by ID removed a record: %v", err)
+			}
+			return
+		}
+		// Each ID List returns names its record for Get and Delete.
+		ids := map[string]bool{}
+		for _, r := range walk(t, b, in, idemstore.ListParams{Limit: 10, Now: b.clock.Now()}) {
+			ids[r.ID] = true
+			got, err := in.Get(b.ctx, idemstore.GetParams{ID: r.ID, Now: b.clock.Now()})
+			if err != nil || got.ID != r.ID || got.State != r.State || got.Fingerprint != r.Fingerprint {
+				t.Errorf("Get(ID %q) = %+v, %v; List said %+v", r.ID, got, err, r)
+			}
+			if r.State == idemstore.StateCompleted && got.Response == nil {
+				t.Errorf("Get(ID %q) of a completed record has no response", r.ID)
+			}
+		}
+		if !ids[ri.ID] || len(ids) != 2 {
+			t.Fatalf("List returned IDs %v; Get of the in-flight record says %q", ids, ri.ID)
+		}
+		if err := in.Delete(b.ctx, idemstore.DeleteParams{ID: ri.ID, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrInFlight) {
+			t.Errorf("Delete by ID of an in-flight record without Force: %v, want ErrInFlight", err)
+		}
+		if err := in.Delete(b.ctx, idemstore.DeleteParams{ID: ri.ID, Force: true, Now: b.clock.Now()}); err != nil {
+			t.Errorf("Delete by ID with Force: %v", err)
+		}
+		if _, err := get(b, in, running); !errors.Is(err, idemstore.ErrNotFound) {
+			t.Errorf("Get after Delete by ID: %v, want ErrNotFound", err)
+		}
+		if _, err := in.Get(b.ctx, idemstore.GetParams{ID: ri.ID, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrNotFound) {
+			t.Errorf("Get by the ID of a deleted record: %v, want ErrNotFound", err)
+		}
+		for _, bad := range []string{"x", ri.ID + "0", strings.ToUpper(ri.ID)} {
+			if _, err := in.Get(b.ctx, idemstore.GetParams{ID: bad, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrInvalidID) {
+				t.Errorf("Get by ID %q: %v, want ErrInvalidID", bad, err)
+			}
+		}
+	})
+
 	t.Run("Delete", func(t *testing.T) {
 		b, in := inspector(t)
-		del := func(p idem.ClaimParams, force bool) error {
-			return in.Delete(b.ctx, idem.DeleteParams{Scope: p.Scope, Key: p.Key, Force: force, Now: b.clock.Now()})
+		del := func(p idemstore.ClaimParams, force bool) error {
+			return in.Delete(b.ctx, idemstore.DeleteParams{Scope: p.Scope, Key: p.Key, Force: force, Now: b.clock.Now()})
 		}
 		running := b.acquire(fpA)
-		if err := del(running, false); !errors.Is(err, idem.ErrInFlight) {
+		if err := del(running, false); !errors.Is(err, idemstore.ErrInFlight) {
 			t.Fatalf("Delete in flight without Force: %v, want ErrInFlight", err)
 		}
 		if _, err := get(b, in, running); err != nil {
@@ -183,11 +257,11 @@ func testInspect(t *testing.T, h Harness) {
 		if err := del(running, true); err != nil {
 			t.Fatalf("Delete in flight with Force: %v", err)
 		}
-		if _, err := get(b, in, running); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := get(b, in, running); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Get after Delete: %v, want ErrNotFound", err)
 		}
 		// The fencing rule holds: the old owner can no longer complete.
-		if err := b.complete(running, sampleResponse()); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.complete(running, sampleResponse()); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("Complete by the owner of a deleted record: %v, want ErrLeaseLost", err)
 		}
 
@@ -201,12 +275,12 @@ func testInspect(t *testing.T, h Harness) {
 		// The key is new again, for any payload.
 		q := b.other(done)
 		q.Fingerprint = fpB
-		b.mustOutcome(q, idem.ClaimAcquired)
-		if err := del(b.other(b.acquire(fpA)), false); !errors.Is(err, idem.ErrInFlight) {
+		b.mustOutcome(q, idemstore.ClaimAcquired)
+		if err := del(b.other(b.acquire(fpA)), false); !errors.Is(err, idemstore.ErrInFlight) {
 			t.Errorf("Delete of another in-flight record: %v, want ErrInFlight", err)
 		}
 		scope, key := b.names()
-		if err := in.Delete(b.ctx, idem.DeleteParams{Scope: scope, Key: key, Force: true, Now: b.clock.Now()}); !errors.Is(err, idem.ErrNotFound) {
+		if err := in.Delete(b.ctx, idemstore.DeleteParams{Scope: scope, Key: key, Force: true, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Delete of an absent record: %v, want ErrNotFound", err)
 		}
 	})

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 func testResponse(t *testing.T, h Harness) {
@@ -13,7 +13,7 @@ func testResponse(t *testing.T, h Harness) {
 	for i := range allBytes {
 		allBytes[i] = byte(i)
 	}
-	cases := map[string]*idem.Response{
+	cases := map[string]*idemstore.Response{
 		"BinaryBody": {StatusCode: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: allBytes},
 		"EmptyBody":  {StatusCode: 204, Header: http.Header{"X-Empty": {""}}},
 		"NoHeaders":  {StatusCode: 202, Body: []byte("accepted")},
@@ -34,7 +34,7 @@ func testResponse(t *testing.T, h Harness) {
 			if err := b.complete(p, want); err != nil {
 				t.Fatalf("Complete: %v", err)
 			}
-			r := b.mustOutcome(b.other(p), idem.ClaimCompleted)
+			r := b.mustOutcome(b.other(p), idemstore.ClaimCompleted)
 			if d := sameResponse(r.Record.Response, want); d != "" {
 				t.Errorf("round trip: %s", d)
 			}

@@ -1,18 +1,18 @@
-// Package storetest is the conformance suite every idem.Store must pass.
+// Package storetest is the conformance suite every idemstore.Store must pass.
 //
 // A store's own tests call Run once:
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, storetest.Harness{
-//			NewStore: func(t *testing.T) idem.Store { return newIsolatedStore(t) },
+//			NewStore: func(t *testing.T) idemstore.Store { return newIsolatedStore(t) },
 //		})
 //	}
 //
 // Every subtest runs in parallel on a fresh store from NewStore, which must
 // isolate it from every other (a t.TempDir database, a schema or a key
 // prefix per call; never a flush of shared state). The suite checks each
-// rule of the idem.Store contract, the optional capabilities the store
-// implements (idem.TxStore, idem.TxClaimer, idem.Watcher, idem.StepStore), the fencing
+// rule of the idemstore.Store contract, the optional capabilities the store
+// implements (idemstore.TxStore, idemstore.TxClaimer, idemstore.Watcher, idemstore.StepStore), the fencing
 // token, and that every sentinel error is returned where the contract names
 // it, with errors.Is.
 //
@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Harness tells the suite how to get a store.
@@ -42,7 +44,7 @@ type Harness struct {
 	// NewStore returns a fresh, empty store, isolated from every other
 	// store the suite creates. It is called once per subtest, from
 	// parallel subtests, and should register its own cleanup with t.
-	NewStore func(t *testing.T) idem.Store
+	NewStore func(t *testing.T) idemstore.Store
 
 	// ServerClock declares that the store decides time with its server's
 	// clock and ignores the Now in its parameters (pgstore, redisstore).
@@ -58,14 +60,14 @@ type Harness struct {
 
 	// Encryption, when set, runs the suite as the core runs with
 	// Config.Encryption: every response the suite completes is sealed
-	// first (Store.Complete and StoreTx.Complete), every response a claim
+	// first (Store.Complete and idemstore.Tx.Complete), every response a claim
 	// returns is opened before it is compared, and the suite's names pass
 	// through Encryption.StoredKey. The store itself is used as it is, so
 	// every optional capability is still checked.
-	Encryption *idem.Encryption
+	Encryption *idemcrypt.Encryption
 
 	// HashedKeys declares that the store keeps scopes and keys only
-	// hashed (redisstore), so that idem.Inspector's List cannot return or
+	// hashed (redisstore), so that idemstore.Inspector's List cannot return or
 	// filter by them. The suite then checks List without them.
 	HashedKeys bool
 
@@ -75,6 +77,13 @@ type Harness struct {
 	// for the write lock at 100 ms). Where the suite expects a take-over it
 	// then claims again, for up to 10 seconds, as a client retries a 409.
 	DeferredTakeOver bool
+
+	// ScanOrder declares that idemstore.Inspector's List walks its backend's
+	// own scan (redisstore: SCAN) rather than (Scope, Key) order: a walk
+	// lists every record that lives through it at least once, and may list
+	// one twice. The suite then checks at least once where it checks
+	// exactly once for the others.
+	ScanOrder bool
 }
 
 // Run runs the conformance suite.
@@ -100,7 +109,7 @@ func Run(t *testing.T, h Harness) {
 type bundle struct {
 	t     *testing.T
 	h     Harness
-	store idem.Store
+	store idemstore.Store
 	clock *clock
 	lease time.Duration
 	ttl   time.Duration
@@ -159,7 +168,7 @@ func (b *bundle) names() (string, string) {
 }
 
 // seal returns resp as the core would hand it to the store for p's record.
-func (b *bundle) seal(p idem.ClaimParams, resp *idem.Response) *idem.Response {
+func (b *bundle) seal(p idemstore.ClaimParams, resp *idemstore.Response) *idemstore.Response {
 	b.t.Helper()
 	if resp == nil {
 		return nil
@@ -172,7 +181,7 @@ func (b *bundle) seal(p idem.ClaimParams, resp *idem.Response) *idem.Response {
 }
 
 // open returns the response r's record holds as the core would read it.
-func (b *bundle) open(p idem.ClaimParams, r idem.ClaimResult) idem.ClaimResult {
+func (b *bundle) open(p idemstore.ClaimParams, r idemstore.ClaimResult) idemstore.ClaimResult {
 	if r.Record.Response == nil || b.h.Encryption == nil {
 		return r
 	}
@@ -189,12 +198,12 @@ func (b *bundle) token() string {
 	return fmt.Sprintf("token-%d-%d", b.seq.Add(1), time.Now().UnixNano())
 }
 
-func (b *bundle) claimParams(scope, key, fp string) idem.ClaimParams {
-	return idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fp, Token: b.token(),
+func (b *bundle) claimParams(scope, key, fp string) idemstore.ClaimParams {
+	return idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: fp, Token: b.token(),
 		Lease: b.lease, TTL: b.ttl, Now: b.clock.Now()}
 }
 
-func (b *bundle) claim(p idem.ClaimParams) idem.ClaimResult {
+func (b *bundle) claim(p idemstore.ClaimParams) idemstore.ClaimResult {
 	b.t.Helper()
 	p.Now = b.clock.Now()
 	r, err := b.store.Claim(b.ctx, p)
@@ -204,7 +213,7 @@ func (b *bundle) claim(p idem.ClaimParams) idem.ClaimResult {
 	return b.open(p, r)
 }
 
-func (b *bundle) mustOutcome(p idem.ClaimParams, want idem.ClaimOutcome) idem.ClaimResult {
+func (b *bundle) mustOutcome(p idemstore.ClaimParams, want idemstore.ClaimOutcome) idemstore.ClaimResult {
 	b.t.Helper()
 	r := b.claim(p)
 	if r.Outcome != want {
@@ -216,47 +225,47 @@ func (b *bundle) mustOutcome(p idem.ClaimParams, want idem.ClaimOutcome) idem.Cl
 // takeOver claims p over a record whose lease has expired and expects
 // ClaimAcquired; a store with Harness.DeferredTakeOver may first answer
 // ClaimInFlight, and is asked again.
-func (b *bundle) takeOver(p idem.ClaimParams) idem.ClaimResult {
+func (b *bundle) takeOver(p idemstore.ClaimParams) idemstore.ClaimResult {
 	b.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		r := b.claim(p)
-		if r.Outcome == idem.ClaimInFlight && b.h.DeferredTakeOver && time.Now().Before(deadline) {
+		if r.Outcome == idemstore.ClaimInFlight && b.h.DeferredTakeOver && time.Now().Before(deadline) {
 			continue
 		}
-		if r.Outcome != idem.ClaimAcquired {
-			b.t.Fatalf("take-over Claim(%q) = %v, want %v", p.Key, r.Outcome, idem.ClaimAcquired)
+		if r.Outcome != idemstore.ClaimAcquired {
+			b.t.Fatalf("take-over Claim(%q) = %v, want %v", p.Key, r.Outcome, idemstore.ClaimAcquired)
 		}
 		return r
 	}
 }
 
 // acquire claims a new record and returns the params that own it.
-func (b *bundle) acquire(fp string) idem.ClaimParams {
+func (b *bundle) acquire(fp string) idemstore.ClaimParams {
 	b.t.Helper()
 	scope, key := b.names()
 	p := b.claimParams(scope, key, fp)
-	b.mustOutcome(p, idem.ClaimAcquired)
+	b.mustOutcome(p, idemstore.ClaimAcquired)
 	return p
 }
 
-func (b *bundle) complete(p idem.ClaimParams, resp *idem.Response) error {
-	return b.store.Complete(b.ctx, idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+func (b *bundle) complete(p idemstore.ClaimParams, resp *idemstore.Response) error {
+	return b.store.Complete(b.ctx, idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
 		Response: b.seal(p, resp), Now: b.clock.Now()})
 }
 
-func (b *bundle) release(p idem.ClaimParams) error {
-	return b.store.Release(b.ctx, idem.ReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Now: b.clock.Now()})
+func (b *bundle) release(p idemstore.ClaimParams) error {
+	return b.store.Release(b.ctx, idemstore.ReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Now: b.clock.Now()})
 }
 
-func (b *bundle) renew(p idem.ClaimParams) error {
-	return b.store.Renew(b.ctx, idem.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+func (b *bundle) renew(p idemstore.ClaimParams) error {
+	return b.store.Renew(b.ctx, idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
 		Lease: b.lease, Now: b.clock.Now()})
 }
 
 // other returns p with a fresh owner token: a second attempt at the same
 // request.
-func (b *bundle) other(p idem.ClaimParams) idem.ClaimParams {
+func (b *bundle) other(p idemstore.ClaimParams) idemstore.ClaimParams {
 	p.Token = b.token()
 	return p
 }
@@ -266,8 +275,8 @@ const (
 	fpB = idem.FingerprintVersion + ":bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 )
 
-func sampleResponse() *idem.Response {
-	return &idem.Response{
+func sampleResponse() *idemstore.Response {
+	return &idemstore.Response{
 		StatusCode: http.StatusCreated,
 		Header: http.Header{
 			"Content-Type": {"application/json"},
@@ -280,7 +289,7 @@ func sampleResponse() *idem.Response {
 
 // sameResponse reports how got differs from want, or "" if they are equal.
 // A nil and an empty header or body are equal.
-func sameResponse(got, want *idem.Response) string {
+func sameResponse(got, want *idemstore.Response) string {
 	switch {
 	case got == nil:
 		return "no response"

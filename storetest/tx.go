@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // testTx checks the transactional capability, if the store has it. The
@@ -13,12 +13,12 @@ import (
 // visible only after Commit, gone after Rollback, and fenced by the token.
 func testTx(t *testing.T, h Harness) {
 	probe := h.NewStore(t)
-	if _, ok := probe.(idem.TxStore); !ok {
-		t.Skip("the store does not implement idem.TxStore")
+	if _, ok := probe.(idemstore.TxStore); !ok {
+		t.Skip("the store does not implement idemstore.TxStore")
 	}
-	txStore := func(b *bundle) idem.TxStore { return b.store.(idem.TxStore) }
-	completeParams := func(b *bundle, p idem.ClaimParams, resp *idem.Response) idem.CompleteParams {
-		return idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: b.seal(p, resp), Now: b.clock.Now()}
+	txStore := func(b *bundle) idemstore.TxStore { return b.store.(idemstore.TxStore) }
+	completeParams := func(b *bundle, p idemstore.ClaimParams, resp *idemstore.Response) idemstore.CompleteParams {
+		return idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: b.seal(p, resp), Now: b.clock.Now()}
 	}
 
 	t.Run("CommitCompletes", func(t *testing.T) {
@@ -39,7 +39,7 @@ func testTx(t *testing.T, h Harness) {
 			t.Fatalf("Commit: %v", err)
 		}
 		_ = tx.Rollback(b.ctx) // after Commit: a no-op
-		r := b.mustOutcome(b.other(p), idem.ClaimCompleted)
+		r := b.mustOutcome(b.other(p), idemstore.ClaimCompleted)
 		if d := sameResponse(r.Record.Response, want); d != "" {
 			t.Errorf("response committed in a transaction: %s", d)
 		}
@@ -58,7 +58,7 @@ func testTx(t *testing.T, h Harness) {
 		if err := tx.Rollback(b.ctx); err != nil {
 			t.Fatalf("Rollback: %v", err)
 		}
-		b.mustOutcome(b.other(p), idem.ClaimInFlight)
+		b.mustOutcome(b.other(p), idemstore.ClaimInFlight)
 		if err := b.release(p); err != nil {
 			t.Fatalf("Release after a rolled-back completion: %v", err)
 		}
@@ -73,10 +73,10 @@ func testTx(t *testing.T, h Harness) {
 		}
 		err = tx.Complete(b.ctx, completeParams(b, b.other(p), sampleResponse()))
 		_ = tx.Rollback(b.ctx)
-		if !errors.Is(err, idem.ErrLeaseLost) {
+		if !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("tx Complete with a wrong token: %v, want ErrLeaseLost", err)
 		}
-		b.mustOutcome(b.other(p), idem.ClaimInFlight)
+		b.mustOutcome(b.other(p), idemstore.ClaimInFlight)
 	})
 
 	t.Run("StaleOwnerIsFenced", func(t *testing.T) {
@@ -91,7 +91,7 @@ func testTx(t *testing.T, h Harness) {
 		}
 		err = tx.Complete(b.ctx, completeParams(b, stale, sampleResponse()))
 		_ = tx.Rollback(b.ctx)
-		if !errors.Is(err, idem.ErrLeaseLost) {
+		if !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("stale tx Complete: %v, want ErrLeaseLost", err)
 		}
 		if err := b.complete(successor, sampleResponse()); err != nil {
@@ -107,14 +107,14 @@ func testTx(t *testing.T, h Harness) {
 			t.Fatalf("BeginTx: %v", err)
 		}
 		defer func() { _ = tx.Rollback(b.ctx) }()
-		tr, ok := tx.(idem.TxRenewer)
+		tr, ok := tx.(idemstore.TxRenewer)
 		if !ok {
-			t.Skip("the transaction does not implement idem.TxRenewer")
+			t.Skip("the transaction does not implement idemstore.TxRenewer")
 		}
-		if err := tr.Renew(b.ctx, idem.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: b.lease, Now: b.clock.Now()}); err != nil {
+		if err := tr.Renew(b.ctx, idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: b.lease, Now: b.clock.Now()}); err != nil {
 			t.Fatalf("tx Renew: %v", err)
 		}
-		if err := tr.Renew(b.ctx, idem.RenewParams{Scope: p.Scope, Key: p.Key, Token: "intruder", Lease: b.lease, Now: b.clock.Now()}); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := tr.Renew(b.ctx, idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: "intruder", Lease: b.lease, Now: b.clock.Now()}); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("tx Renew with a wrong token: %v, want ErrLeaseLost", err)
 		}
 		if err := tx.Complete(b.ctx, completeParams(b, p, sampleResponse())); err != nil {
@@ -123,6 +123,6 @@ func testTx(t *testing.T, h Harness) {
 		if err := tx.Commit(b.ctx); err != nil {
 			t.Fatalf("Commit: %v", err)
 		}
-		b.mustOutcome(b.other(p), idem.ClaimCompleted)
+		b.mustOutcome(b.other(p), idemstore.ClaimCompleted)
 	})
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // watchTimeout bounds how long a watch may take to fire after the change
@@ -14,12 +14,12 @@ const watchTimeout = 10 * time.Second
 
 func testWatch(t *testing.T, h Harness) {
 	probe := h.NewStore(t)
-	if _, ok := probe.(idem.Watcher); !ok {
-		t.Skip("the store does not implement idem.Watcher")
+	if _, ok := probe.(idemstore.Watcher); !ok {
+		t.Skip("the store does not implement idemstore.Watcher")
 	}
-	watch := func(b *bundle, p idem.ClaimParams) <-chan struct{} {
+	watch := func(b *bundle, p idemstore.ClaimParams) <-chan struct{} {
 		b.t.Helper()
-		ch, err := b.store.(idem.Watcher).Watch(b.ctx, p.Scope, p.Key)
+		ch, err := b.store.(idemstore.Watcher).Watch(b.ctx, p.Scope, p.Key)
 		if err != nil {
 			b.t.Fatalf("Watch: %v", err)
 		}
@@ -68,7 +68,7 @@ func testWatch(t *testing.T, h Harness) {
 			t.Fatal("watch of a completed record did not fire")
 		}
 		scope, key := b.names()
-		if !fired(watch(b, idem.ClaimParams{Scope: scope, Key: key})) {
+		if !fired(watch(b, idemstore.ClaimParams{Scope: scope, Key: key})) {
 			t.Fatal("watch of an absent record did not fire")
 		}
 	})
@@ -77,7 +77,7 @@ func testWatch(t *testing.T, h Harness) {
 		b := setup(t, h)
 		p := b.acquire(fpA)
 		ctx, cancel := context.WithCancel(b.ctx)
-		if _, err := b.store.(idem.Watcher).Watch(ctx, p.Scope, p.Key); err != nil {
+		if _, err := b.store.(idemstore.Watcher).Watch(ctx, p.Scope, p.Key); err != nil {
 			t.Fatalf("Watch: %v", err)
 		}
 		cancel()

@@ -2,18 +2,20 @@ module github.com/idemhq/idem/cmd/idem
 
 go 1.26.0
 
+toolchain go1.27.3
+
 require (
 	github.com/bojanz/currency v1.5.1
 	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/idemhq/idem v0.2.0
-	github.com/idemhq/idem/amqpidem v0.2.0
+	github.com/idemhq/idem/idemamqp v0.2.0
+	github.com/idemhq/idem/idemnats v0.2.0
 	github.com/idemhq/idem/idemotel v0.2.0
-	github.com/idemhq/idem/natsidem v0.2.0
-	github.com/idemhq/idem/outbox v0.2.0
-	github.com/idemhq/idem/pgoutbox v0.2.0
-	github.com/idemhq/idem/sqliteoutbox v0.2.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.72.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp v1.47.0
@@ -35,10 +37,11 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
@@ -61,6 +64,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemhq/idem/idemkafka v0.2.0
 	github.com/idemhq/idem/pgstore v0.2.0
 	github.com/idemhq/idem/redisstore v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0

@@ -5,18 +5,28 @@
 // record. The service is declared with a hand-written grpc.ServiceDesc, so
 // the example needs no code generation.
 //
+// Records are scoped by caller (idemgrpc.ServerOptions.TenantFunc): each
+// call carries "authorization: Bearer TOKEN" metadata, the token standing in
+// for real authentication, and a call without it is refused
+// (Unauthenticated). Two callers who send the same key get an order each;
+// without the scope, the second would get the first one's order replayed.
+//
 //	go run ./grpc -db orders.db                 # serve on 127.0.0.1:8094
-//	go run ./grpc -call book                    # create an order through the client interceptor
+//	go run ./grpc -call book                    # create an order as alice through the client interceptor
+//	go run ./grpc -call book -token bob -key order-1
 package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
 	"net"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,6 +50,7 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:8094", "listen (or, with -call, dial) address")
 	item := flag.String("call", "", "act as a client: create an order for this item")
 	key := flag.String("key", "", "with -call: the idempotency key (default: a fresh one, kept across retries)")
+	token := flag.String("token", "alice", "with -call: the caller's bearer token (it names the caller)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -51,6 +62,9 @@ func main() {
 			log.Fatal(err)
 		}
 		defer conn.Close()
+		// Plain metadata over an insecure loopback connection: a real
+		// client sends its credentials over TLS (grpc.WithPerRPCCredentials).
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+*token)
 		if *key != "" {
 			ctx = metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, *key)
 		}
@@ -95,15 +109,38 @@ func create(ctx context.Context, conn *grpc.ClientConn, item string) (string, bo
 	return out.GetValue(), len(r) == 1 && r[0] == "true", nil
 }
 
-// newServer returns the gRPC server with the idem interceptor on store.
+// newServer returns the gRPC server with the idem interceptor on store,
+// scoping records by caller.
 func newServer(store *sqlitestore.Store) (*grpc.Server, error) {
 	exec, err := idem.NewExecutor(store, nil)
 	if err != nil {
 		return nil, err
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(exec, nil)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(exec, &idemgrpc.ServerOptions{
+		TenantFunc: caller,
+	})))
 	srv.RegisterService(&ordersDesc, ordersServer{})
 	return srv, nil
+}
+
+// caller returns who a call comes from, from its one "authorization:
+// Bearer TOKEN" metadata entry; any other call is refused with
+// Unauthenticated before its key is claimed. A real service returns the
+// principal its authentication verified. The token itself is not the
+// tenant: the scope is stored with every record, so the tenant is the
+// token's SHA-256 (32 hex digits), which keeps the token out of the store.
+func caller(ctx context.Context) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get("authorization")
+	token, ok := "", len(v) == 1
+	if ok {
+		token, ok = strings.CutPrefix(v[0], "Bearer ")
+	}
+	if !ok || token == "" {
+		return "", status.Error(codes.Unauthenticated, `send one "authorization: Bearer TOKEN" metadata entry`)
+	}
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:16]), nil
 }
 
 type ordersServer struct{}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // drill is a service on a store under steady traffic of new keys and
@@ -40,7 +41,7 @@ type request struct {
 // newDrill serves a handler behind idem on store. The lease outlasts the
 // drill, so a key that executes twice did so because the store forgot it,
 // never because a lease expired.
-func newDrill(t *testing.T, store idem.Store) *drill {
+func newDrill(t *testing.T, store idemstore.Store) *drill {
 	d := &drill{t: t, execs: map[string]int{}, client: &http.Client{Timeout: 30 * time.Second}}
 	mw, err := idem.NewMiddleware(store, &idem.Config{Lease: time.Minute, StoreTimeout: time.Second,
 		Logger: slog.New(slog.DiscardHandler)})

@@ -17,6 +17,7 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/internal/drills"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/redisstore"
@@ -90,7 +91,7 @@ func wait(ctx context.Context, d time.Duration) bool {
 
 // faultyRedis returns a store on the test Redis through a toxiproxy, with
 // timeouts that turn a stalled store into errors within half a second.
-func faultyRedis(t *testing.T) (idem.Store, *toxiproxy.Proxy) {
+func faultyRedis(t *testing.T) (idemstore.Store, *toxiproxy.Proxy) {
 	direct := newRedis(t)
 	p := newToxiproxy(t, direct.Options().Addr)
 	c := redis.NewClient(&redis.Options{Addr: p.Listen, DB: direct.Options().DB, DialTimeout: 300 * time.Millisecond,
@@ -105,7 +106,7 @@ func faultyRedis(t *testing.T) (idem.Store, *toxiproxy.Proxy) {
 
 // faultyPostgres returns a store on the test PostgreSQL through a
 // toxiproxy. The schema is created on a direct connection first.
-func faultyPostgres(t *testing.T) (idem.Store, *toxiproxy.Proxy) {
+func faultyPostgres(t *testing.T) (idemstore.Store, *toxiproxy.Proxy) {
 	direct := newPool(t, postgresURL())
 	schema := newSchemaName()
 	newPGStore(t, direct, pgstore.Config{Schema: schema})
@@ -138,7 +139,7 @@ func faultyPostgres(t *testing.T) (idem.Store, *toxiproxy.Proxy) {
 // answered 503 without running the handler.
 func TestFaultInvariants(t *testing.T) {
 	t.Parallel()
-	for name, open := range map[string]func(*testing.T) (idem.Store, *toxiproxy.Proxy){
+	for name, open := range map[string]func(*testing.T) (idemstore.Store, *toxiproxy.Proxy){
 		"Redis": faultyRedis, "PostgreSQL": faultyPostgres,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -154,7 +155,7 @@ type execution struct {
 	key, request, id string
 }
 
-func checkFaultInvariants(t *testing.T, store idem.Store, p *toxiproxy.Proxy) {
+func checkFaultInvariants(t *testing.T, store idemstore.Store, p *toxiproxy.Proxy) {
 	var (
 		mu   sync.Mutex
 		runs = map[string][]execution{} // by key
@@ -263,7 +264,7 @@ func checkFaultInvariants(t *testing.T, store idem.Store, p *toxiproxy.Proxy) {
 // and every answer the store did give fits the contract.
 func TestLinearizableUnderFaults(t *testing.T) {
 	t.Parallel()
-	for name, open := range map[string]func(*testing.T) (idem.Store, *toxiproxy.Proxy){
+	for name, open := range map[string]func(*testing.T) (idemstore.Store, *toxiproxy.Proxy){
 		"Redis": faultyRedis, "PostgreSQL": faultyPostgres,
 	} {
 		t.Run(name, func(t *testing.T) {

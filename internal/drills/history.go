@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // HistoryConfig shapes a random concurrent history.
@@ -50,7 +50,7 @@ type HistoryConfig struct {
 // longer own; a claim uses another fingerprint one time in twenty. A store
 // call that fails without a contract answer is recorded with an unknown
 // outcome.
-func Record(ctx context.Context, s idem.Store, c HistoryConfig) []porcupine.Operation {
+func Record(ctx context.Context, s idemstore.Store, c HistoryConfig) []porcupine.Operation {
 	if c.OpTimeout == 0 {
 		c.OpTimeout = 5 * time.Second
 	}
@@ -139,47 +139,47 @@ func Record(ctx context.Context, s idem.Store, c HistoryConfig) []porcupine.Oper
 }
 
 // do runs one operation and translates its answer.
-func do(ctx context.Context, s idem.Store, c HistoryConfig, in Input, now time.Time) Output {
+func do(ctx context.Context, s idemstore.Store, c HistoryConfig, in Input, now time.Time) Output {
 	ctx, cancel := context.WithTimeout(ctx, c.OpTimeout)
 	defer cancel()
 	var err error
 	switch in.Op {
 	case OpClaim:
-		var res idem.ClaimResult
-		res, err = s.Claim(ctx, idem.ClaimParams{Scope: "lin", Key: in.Key, Fingerprint: in.Fingerprint,
+		var res idemstore.ClaimResult
+		res, err = s.Claim(ctx, idemstore.ClaimParams{Scope: "lin", Key: in.Key, Fingerprint: in.Fingerprint,
 			Token: in.Token, Lease: c.Lease, TTL: c.TTL, Now: now})
 		if err != nil {
 			return Output{Outcome: OutUnknown}
 		}
 		switch res.Outcome {
-		case idem.ClaimAcquired:
+		case idemstore.ClaimAcquired:
 			if res.TookOver {
 				return Output{Outcome: OutTookOver}
 			}
 			return Output{Outcome: OutAcquired}
-		case idem.ClaimCompleted:
+		case idemstore.ClaimCompleted:
 			if res.Record.Response == nil {
 				return Output{Outcome: OutCompleted, Body: "<no response>"}
 			}
 			return Output{Outcome: OutCompleted, Body: string(res.Record.Response.Body)}
-		case idem.ClaimInFlight:
+		case idemstore.ClaimInFlight:
 			return Output{Outcome: OutInFlight}
-		case idem.ClaimMismatch:
+		case idemstore.ClaimMismatch:
 			return Output{Outcome: OutMismatch}
 		}
 		return Output{Outcome: "outcome " + res.Outcome.String()}
 	case OpRenew:
-		err = s.Renew(ctx, idem.RenewParams{Scope: "lin", Key: in.Key, Token: in.Token, Lease: c.Lease, Now: now})
+		err = s.Renew(ctx, idemstore.RenewParams{Scope: "lin", Key: in.Key, Token: in.Token, Lease: c.Lease, Now: now})
 	case OpComplete:
-		err = s.Complete(ctx, idem.CompleteParams{Scope: "lin", Key: in.Key, Token: in.Token, Now: now,
-			Response: &idem.Response{StatusCode: 201, Body: []byte(in.Body)}})
+		err = s.Complete(ctx, idemstore.CompleteParams{Scope: "lin", Key: in.Key, Token: in.Token, Now: now,
+			Response: &idemstore.Response{StatusCode: 201, Body: []byte(in.Body)}})
 	case OpRelease:
-		err = s.Release(ctx, idem.ReleaseParams{Scope: "lin", Key: in.Key, Token: in.Token, Now: now})
+		err = s.Release(ctx, idemstore.ReleaseParams{Scope: "lin", Key: in.Key, Token: in.Token, Now: now})
 	}
 	switch {
 	case err == nil:
 		return Output{Outcome: OutOK}
-	case errors.Is(err, idem.ErrLeaseLost):
+	case errors.Is(err, idemstore.ErrLeaseLost):
 		return Output{Outcome: OutLeaseLost}
 	}
 	return Output{Outcome: OutUnknown}

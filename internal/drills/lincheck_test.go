@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/internal/drills"
 	"github.com/idemhq/idem/internal/testcluster"
 	"github.com/idemhq/idem/memstore"
@@ -36,7 +36,7 @@ func serverClockHistory(seed uint64, slack time.Duration) drills.HistoryConfig {
 
 // checkStore records histories on fresh stores from newStore and checks
 // each against the Store contract.
-func checkStore(t *testing.T, newStore func(t *testing.T) idem.Store, cfg func(seed uint64) drills.HistoryConfig) {
+func checkStore(t *testing.T, newStore func(t *testing.T) idemstore.Store, cfg func(seed uint64) drills.HistoryConfig) {
 	for seed := range uint64(scale(2, 10)) {
 		h := drills.Record(t.Context(), newStore(t), cfg(seed))
 		if n := drills.Unknowns(h); n > 0 {
@@ -54,7 +54,7 @@ func TestLinearizable(t *testing.T) {
 	t.Parallel()
 	t.Run("Memory", func(t *testing.T) {
 		t.Parallel()
-		checkStore(t, func(t *testing.T) idem.Store {
+		checkStore(t, func(t *testing.T) idemstore.Store {
 			s, err := memstore.New(nil)
 			if err != nil {
 				t.Fatal(err)
@@ -64,7 +64,7 @@ func TestLinearizable(t *testing.T) {
 	})
 	t.Run("SQLite", func(t *testing.T) {
 		t.Parallel()
-		checkStore(t, func(t *testing.T) idem.Store {
+		checkStore(t, func(t *testing.T) idemstore.Store {
 			s, err := sqlitestore.Open(t.Context(), filepath.Join(t.TempDir(), "idem.db"), nil)
 			if err != nil {
 				t.Fatal(err)
@@ -82,13 +82,13 @@ func TestLinearizable(t *testing.T) {
 	t.Run("PostgreSQL", func(t *testing.T) {
 		t.Parallel()
 		pool := newPool(t, postgresURL())
-		checkStore(t, func(t *testing.T) idem.Store { return newPGStore(t, pool, pgstore.Config{}) },
+		checkStore(t, func(t *testing.T) idemstore.Store { return newPGStore(t, pool, pgstore.Config{}) },
 			func(seed uint64) drills.HistoryConfig { return serverClockHistory(seed, 2*time.Millisecond) })
 	})
 	t.Run("Redis", func(t *testing.T) {
 		t.Parallel()
 		c := newRedis(t)
-		checkStore(t, func(t *testing.T) idem.Store { return newRedisStore(t, c, redisPrefix(t, c)) },
+		checkStore(t, func(t *testing.T) idemstore.Store { return newRedisStore(t, c, redisPrefix(t, c)) },
 			// Redis's TIME is read in milliseconds.
 			func(seed uint64) drills.HistoryConfig { return serverClockHistory(seed, 2*time.Millisecond) })
 	})
@@ -98,7 +98,7 @@ func TestLinearizable(t *testing.T) {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaintNotificationsConfig: noMaint()})
 		t.Cleanup(func() { _ = c.Close() })
 		n := 0
-		checkStore(t, func(t *testing.T) idem.Store {
+		checkStore(t, func(t *testing.T) idemstore.Store {
 			n++
 			return newRedisStore(t, c, "lin"+itoa(n)+":")
 		}, func(seed uint64) drills.HistoryConfig { return serverClockHistory(seed, 2*time.Millisecond) })
@@ -118,9 +118,9 @@ func newRedisStore(t *testing.T, c redis.UniversalClient, prefix string) *rediss
 // read-then-write would), and one that replays another record's response.
 func TestCheckerCatchesBrokenStores(t *testing.T) {
 	t.Parallel()
-	for name, wrap := range map[string]func(idem.Store) idem.Store{
-		"DoubleAcquire": func(s idem.Store) idem.Store { return doubleAcquire{s} },
-		"WrongReplay":   func(s idem.Store) idem.Store { return wrongReplay{Store: s} },
+	for name, wrap := range map[string]func(idemstore.Store) idemstore.Store{
+		"DoubleAcquire": func(s idemstore.Store) idemstore.Store { return doubleAcquire{s} },
+		"WrongReplay":   func(s idemstore.Store) idemstore.Store { return wrongReplay{Store: s} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -147,27 +147,25 @@ func TestCheckerCatchesBrokenStores(t *testing.T) {
 
 // doubleAcquire answers ClaimAcquired where the store answered
 // ClaimInFlight.
-type doubleAcquire struct{ idem.Store }
+type doubleAcquire struct{ idemstore.Store }
 
-func (s doubleAcquire) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s doubleAcquire) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	r, err := s.Store.Claim(ctx, p)
-	if r.Outcome == idem.ClaimInFlight {
-		r.Outcome = idem.ClaimAcquired
+	if r.Outcome == idemstore.ClaimInFlight {
+		r.Outcome = idemstore.ClaimAcquired
 	}
 	return r, err
 }
 
-// wrongReplay replays the body of the first completed record it saw, for
-// every key.
+// wrongReplay replays another request's body for every completed key.
 type wrongReplay struct {
-	idem.Store
-	first *idem.Response
+	idemstore.Store
 }
 
-func (s wrongReplay) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+func (s wrongReplay) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, error) {
 	r, err := s.Store.Claim(ctx, p)
-	if r.Outcome == idem.ClaimCompleted {
-		r.Record.Response = &idem.Response{StatusCode: 201, Body: []byte("resp-of-another-request")}
+	if r.Outcome == idemstore.ClaimCompleted {
+		r.Record.Response = &idemstore.Response{StatusCode: 201, Body: []byte("resp-of-another-request")}
 	}
 	return r, err
 }

@@ -65,7 +65,7 @@ type state struct {
 	ExpLo, ExpHi       int64
 }
 
-// Model is the idem.Store contract (store.go, docs/semantics.md) for
+// Model is the idemstore.Store contract (store.go, docs/semantics.md) for
 // porcupine, one key per partition. It is nondeterministic where the
 // history cannot tell what the store saw: whether a lease or the retention
 // had ended at an instant known only to an interval, and whether an
@@ -183,7 +183,10 @@ func stepOn(s state, wasExpired bool, in Input, out Output) []any {
 				return []any{s}
 			}
 			if out.Outcome == OutTookOver && s.LeaseLo <= in.THi {
-				return []any{fresh}
+				// A take-over never extends the record's retention.
+				took := fresh
+				took.ExpLo, took.ExpHi = s.ExpLo, s.ExpHi
+				return []any{took}
 			}
 		}
 		return nil

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/internal/testcluster"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/pgstore"
@@ -95,8 +96,8 @@ func TestSizing(t *testing.T) {
 // fill claims and completes n new keys with 8 workers and returns records
 // per second. The response is a typical API answer: 201, a JSON content
 // type and location, a 90-byte body.
-func fill(t *testing.T, s idem.Store, n int) float64 {
-	resp := &idem.Response{StatusCode: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/pay_0123456789"}},
+func fill(t *testing.T, s idemstore.Store, n int) float64 {
+	resp := &idemstore.Response{StatusCode: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/pay_0123456789"}},
 		Body: []byte(`{"id":"pay_0123456789","amount_cents":1999,"currency":"EUR","status":"succeeded","ref":"x"}`)}
 	fp := idem.FingerprintVersion + ":" + strings.Repeat("ab", 32)
 	var next atomic.Int64
@@ -109,13 +110,13 @@ func fill(t *testing.T, s idem.Store, n int) float64 {
 				key := fmt.Sprintf("%08d-2c1f5e9a-4b7d-4e0c-9f3a-7d2b1c0e5f6a", i) // a UUID-sized key
 				tok := fmt.Sprintf("token-%022d", i)
 				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-				_, err := s.Claim(ctx, idem.ClaimParams{Scope: idem.Scope("tenant-1", "POST /payments"), Key: key,
+				_, err := s.Claim(ctx, idemstore.ClaimParams{Scope: idem.Scope("tenant-1", "POST /payments"), Key: key,
 					Fingerprint: fp, Token: tok, Lease: time.Minute, TTL: 24 * time.Hour, Now: now})
 				if err == nil {
 					// A response of its own, as the middleware gives: memstore
 					// keeps it.
-					own := &idem.Response{StatusCode: resp.StatusCode, Header: resp.Header.Clone(), Body: slices.Clone(resp.Body)}
-					err = s.Complete(ctx, idem.CompleteParams{Scope: idem.Scope("tenant-1", "POST /payments"), Key: key,
+					own := &idemstore.Response{StatusCode: resp.StatusCode, Header: resp.Header.Clone(), Body: slices.Clone(resp.Body)}
+					err = s.Complete(ctx, idemstore.CompleteParams{Scope: idem.Scope("tenant-1", "POST /payments"), Key: key,
 						Token: tok, Response: own, Now: now})
 				}
 				cancel()

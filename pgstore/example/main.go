@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -111,7 +112,7 @@ func createPayment(w http.ResponseWriter, r *http.Request) {
 func deleteExpired(ctx context.Context, store *pgstore.Store) error {
 	const batch = 5000
 	for {
-		n, err := store.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: batch, Now: time.Now()})
+		n, err := store.DeleteExpired(ctx, idemstore.DeleteExpiredParams{Limit: batch, Now: time.Now()})
 		if err != nil || n < batch {
 			return err
 		}

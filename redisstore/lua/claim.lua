@@ -40,6 +40,10 @@ if fp then
 end
 local l = now + tonumber(ARGV[3])
 local e = now + tonumber(ARGV[4])
+if took == 1 and tonumber(exp) then
+  -- A take-over keeps the record's retention: it never extends it.
+  e = tonumber(exp)
+end
 redis.call('HSET', KEYS[1], 'f', ARGV[1], 't', ARGV[2],
   'l', string.format('%d', l), 'e', string.format('%d', e), 'n', string.format('%d', fence))
 redis.call('PEXPIREAT', KEYS[1], string.format('%d', e))

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
@@ -70,7 +71,7 @@ func main() {
 	// Expired records are deleted by the application, in batches.
 	go func() {
 		for range time.Tick(time.Minute) {
-			_, _ = store.DeleteExpired(ctx, idem.DeleteExpiredParams{Limit: 1000, Now: time.Now()})
+			_, _ = store.DeleteExpired(ctx, idemstore.DeleteExpiredParams{Limit: 1000, Now: time.Now()})
 		}
 	}()
 

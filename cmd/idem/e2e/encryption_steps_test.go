@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
 )
 
 // storedCheckpoint is one records row as the database holds it.
@@ -130,11 +131,11 @@ func TestProviderEncryptedCrashResume(t *testing.T) {
 			}
 			// What the sealed bytes hold: the steps, opened with the
 			// keyring the server used.
-			kr, err := idem.LoadKeyring(keys)
+			kr, err := idemcrypt.LoadKeyring(keys)
 			if err != nil {
 				t.Fatal(err)
 			}
-			enc, err := idem.NewEncryption(kr, nil)
+			enc, err := idemcrypt.New(kr, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/cmd/idem/internal/events"
-	"github.com/idemhq/idem/natsidem"
+	"github.com/idemhq/idem/idemnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -200,8 +200,8 @@ func TestEventsNATSRecoversLostState(t *testing.T) {
 	checkBookedOnce(t, consumePath, ids)
 
 	js := ns.connect(t)
-	stream, _ := natsidem.StreamFor(subject)
-	if _, err := js.Consumer(testContext(t), stream, natsidem.ConsumerFor(subject)); err != nil {
+	stream, _ := idemnats.StreamFor(subject)
+	if _, err := js.Consumer(testContext(t), stream, idemnats.ConsumerFor(subject)); err != nil {
 		t.Errorf("the durable consumer on the new server: %v", err)
 	}
 	if !cons.log.contains("creating it again") {
@@ -228,7 +228,7 @@ func TestEventsNATSRecoversDeletedConsumer(t *testing.T) {
 	ids := payN(t, srv, prefix, 0, 10)
 	waitBooked(t, cons, 10, time.Minute, "10 events booked")
 
-	if err := nf.js.DeleteConsumer(ctx, nf.stream, natsidem.ConsumerFor(nf.subject)); err != nil {
+	if err := nf.js.DeleteConsumer(ctx, nf.stream, idemnats.ConsumerFor(nf.subject)); err != nil {
 		t.Fatal(err)
 	}
 	ids = append(ids, payN(t, srv, prefix, 10, 10)...)
@@ -280,7 +280,7 @@ func TestEventsNATSRecreatedConsumerStartsInWindow(t *testing.T) {
 		return live == 0, fmt.Errorf("%d live records", live)
 	})
 
-	if err := nf.js.DeleteConsumer(ctx, nf.stream, natsidem.ConsumerFor(nf.subject)); err != nil {
+	if err := nf.js.DeleteConsumer(ctx, nf.stream, idemnats.ConsumerFor(nf.subject)); err != nil {
 		t.Fatal(err)
 	}
 	ids = append(ids, payN(t, srv, prefix, 5, 1)...)

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/natsidem"
+	"github.com/idemhq/idem/idemnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -47,7 +47,7 @@ func newNATS(t *testing.T) *natsFixture {
 		t.Fatal(err)
 	}
 	f := &natsFixture{url: raw, nc: nc, js: js, subject: "e" + randomName(6) + ".payments.created"}
-	f.stream, _ = natsidem.StreamFor(f.subject)
+	f.stream, _ = idemnats.StreamFor(f.subject)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -71,7 +71,7 @@ func (f *natsFixture) hostPort(t *testing.T) string {
 // settled reports whether the test consumer has nothing left to deliver or
 // to be acknowledged.
 func (f *natsFixture) settled(ctx context.Context) (bool, error) {
-	c, err := f.js.Consumer(ctx, f.stream, natsidem.ConsumerFor(f.subject))
+	c, err := f.js.Consumer(ctx, f.stream, idemnats.ConsumerFor(f.subject))
 	if err != nil {
 		return false, err
 	}

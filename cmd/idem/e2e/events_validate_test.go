@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/amqpidem"
 	"github.com/idemhq/idem/cmd/idem/internal/events"
-	"github.com/idemhq/idem/natsidem"
+	"github.com/idemhq/idem/idemamqp"
+	"github.com/idemhq/idem/idemnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -96,7 +96,7 @@ func TestConsumeRefusesInvalidEventsNATS(t *testing.T) {
 	t.Parallel()
 	nf := newNATS(t)
 	ctx := testContext(t)
-	if _, err := natsidem.EnsureStream(ctx, nf.js, nf.subject); err != nil {
+	if _, err := idemnats.EnsureStream(ctx, nf.js, nf.subject); err != nil {
 		t.Fatal(err)
 	}
 	publish := func(id string, payload []byte) {
@@ -110,7 +110,7 @@ func TestConsumeRefusesInvalidEventsNATS(t *testing.T) {
 	}
 	cons := testRefusesInvalidEvents(t, nf.url, nf.subject, publish, nil)
 	eventually(t, 30*time.Second, 50*time.Millisecond, "the consumer settled (nothing redelivered)", func() (bool, error) {
-		c, err := nf.js.Consumer(ctx, nf.stream, natsidem.ConsumerFor(nf.subject))
+		c, err := nf.js.Consumer(ctx, nf.stream, idemnats.ConsumerFor(nf.subject))
 		if err != nil {
 			return false, err
 		}
@@ -135,7 +135,7 @@ func TestConsumeRefusesInvalidEventsAMQP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ch.Close()
-	if err := amqpidem.Declare(exchange, queue, af.subject)(ch); err != nil {
+	if err := idemamqp.Declare(exchange, queue, af.subject)(ch); err != nil {
 		t.Fatal(err)
 	}
 	ctx := testContext(t)

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/redisstore"
@@ -105,12 +105,12 @@ func normalise(spec string) string {
 }
 
 // Store is an opened records store and what else its backend offers.
-// Records is the idem.Store to hand to idem (the middleware, an executor):
+// Records is the idemstore.Store to hand to idem (the middleware, an executor):
 // Store itself deliberately is not one, because a wrapper would hide the
-// optional capabilities (idem.TxStore, idem.Watcher) the store's own type
+// optional capabilities (idemstore.TxStore, idemstore.Watcher) the store's own type
 // carries.
 type Store struct {
-	Records idem.Store
+	Records idemstore.Store
 	Kind    Kind
 	// Where describes the location without credentials, for logs.
 	Where string

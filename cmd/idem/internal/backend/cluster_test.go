@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/internal/testcluster"
 )
 
@@ -52,9 +52,9 @@ func TestOpenRedisCluster(t *testing.T) {
 			t.Errorf("Kind %q, Where %q", s.Kind, s.Where)
 		}
 		for i := range 8 {
-			p := idem.ClaimParams{Scope: "t", Key: string(rune('a' + i)), Fingerprint: "v1:x", Token: "o",
+			p := idemstore.ClaimParams{Scope: "t", Key: string(rune('a' + i)), Fingerprint: "v1:x", Token: "o",
 				Lease: time.Minute, TTL: time.Hour}
-			if r, err := s.Records.Claim(ctx, p); err != nil || r.Outcome != idem.ClaimAcquired {
+			if r, err := s.Records.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
 				t.Fatalf("%s: Claim = %v, %v", query, r.Outcome, err)
 			}
 		}

@@ -159,7 +159,7 @@ func argsHint(name string) string {
 	case "check":
 		return " URL"
 	case "inspect", "delete":
-		return " KEY"
+		return " KEY|ID"
 	}
 	return ""
 }

@@ -15,16 +15,17 @@ import (
 )
 
 const consumeAbout = `Runs an example consumer of the payment.created events that
-"idem serve --events" publishes: a durable consumer (NATS JetStream) or queue
-(RabbitMQ) named after the subject books each event into a ledger table in a
-SQLite file exactly once. The ledger row and the inbox record of the message
-id commit in one transaction, and the broker is acknowledged only after it; a
+"idem serve --events" publishes: a durable consumer (NATS JetStream), queue
+(RabbitMQ) or consumer group (Kafka) named after the subject books each event
+into a ledger table in a SQLite file exactly once. The ledger row and the inbox record of the message
+id commit in one transaction, and the broker is acknowledged (the Kafka offset committed) only after it; a
 redelivered event is acknowledged without being booked again.
 
 Each event is validated first, by the rules of the payments API; an invalid
 one is logged (why, and its message id), counted on /metrics and dropped at
 the broker, never booked. When the broker loses the stream and consumer
-(JetStream) or the queue (RabbitMQ), consume creates them again and goes on.
+(JetStream), the queue (RabbitMQ) or the topic (Kafka), consume creates them
+again and goes on.
 
 Endpoints: GET /ledger/count ({"count":N}), GET /ledger?payment=ID
 ({"entries":[...]}), GET /healthz, GET /readyz (the ledger file and the broker
@@ -32,13 +33,13 @@ answer within 1s, as JSON), GET /metrics (Prometheus).`
 
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("consume", consumeAbout, stdout, stderr)
-	brokerURL := f.String("events", "", "the broker to consume from: nats://HOST:4222 or\namqp://USER:PASS@HOST:5672/ (required)")
-	subject := f.String("events-subject", events.DefaultSubject, "the events' NATS subject or AMQP routing key; the durable consumer\nor queue is named after it")
+	brokerURL := f.String("events", "", "the broker to consume from: nats://HOST:4222,\namqp://USER:PASS@HOST:5672/ or kafka://HOST:9092[,HOST:PORT...][?group=G&...]\n(required)")
+	subject := f.String("events-subject", events.DefaultSubject, "the events' NATS subject, AMQP routing key or Kafka topic; the durable\nconsumer, queue or consumer group is named after it")
 	db := f.String("db", "ledger.db", "the SQLite file holding the ledger and the inbox records")
 	addr := f.String("addr", "127.0.0.1:8081", "address to listen on (host:port; port 0 picks a free port)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a handled message id is remembered (the deduplication\nwindow; longer than the broker redelivers a message)")
 	lease := f.Duration("lease", 5*time.Second, "how long a message being handled stays claimed without renewal (renewed\nwhile it runs); a redelivery after a crash waits this long")
-	ackWait := f.Duration("ack-wait", 30*time.Second, "how long the broker waits for an acknowledgement before it delivers\na message again (JetStream; RabbitMQ redelivers when a consumer's\nconnection closes)")
+	ackWait := f.Duration("ack-wait", 30*time.Second, "how long the broker waits for an acknowledgement before it delivers\na message again (JetStream; RabbitMQ redelivers when a consumer's\nconnection closes, Kafka reads from the last committed offset)")
 	opDelay := f.Duration("op-delay", 0, "make each booking wait this long before it commits, to make the window\nbetween a delivery and its acknowledgement visible in demos and tests")
 	logFormat := f.String("log-format", "text", "log format: text or json")
 	if code, ok := f.parse(args); !ok {
@@ -52,7 +53,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return f.usageError("%v", err)
 	}
 	if *brokerURL == "" {
-		return f.usageError("--events is required (nats://HOST:4222 or amqp://USER:PASS@HOST:5672/)")
+		return f.usageError("--events is required (nats://HOST:4222, amqp://USER:PASS@HOST:5672/ or kafka://HOST:9092)")
 	}
 	if _, err := events.BrokerOf(*brokerURL); err != nil {
 		return f.usageError("%v", err)

@@ -75,9 +75,10 @@ func (m *consumeMetrics) handler() http.Handler {
 }
 
 // consumerStart is where idem consume's durable JetStream consumer starts
-// when it has to be created: the whole stream for a ledger that has never
-// booked (its first start), and otherwise the last half of the
-// deduplication window (--ttl). A consumer re-created for a ledger that
+// when it has to be created (on Kafka: where the consumer group starts on a
+// partition it has no committed offset for): the whole stream for a ledger
+// that has never booked (its first start), and otherwise the last half of
+// the deduplication window (--ttl). A consumer re-created for a ledger that
 // has booked before (the consumer was deleted, or the server lost its
 // JetStream state) thus delivers again only messages whose inbox records
 // still exist, with half the window as a margin for working through them;

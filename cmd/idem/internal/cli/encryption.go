@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/proxy"
+	"github.com/idemhq/idem/idemcrypt"
 )
 
 // encryptionFlag registers --encryption-keys, shared by idem serve, idem
@@ -38,14 +38,14 @@ func (f *flags) encryptionFlags() encryptionFlags {
 // when records in clear are accepted, with ttl (the longest a record lives)
 // after which the flag can go. The error names the flag, the file and the
 // line, never key material; exitCodeOf gives its exit status.
-func (ef encryptionFlags) load(logger *slog.Logger, ttl time.Duration) (*idem.Encryption, slog.Attr, error) {
+func (ef encryptionFlags) load(logger *slog.Logger, ttl time.Duration) (*idemcrypt.Encryption, slog.Attr, error) {
 	if *ef.keys == "" {
 		if *ef.acceptPlaintext {
 			return nil, slog.Attr{}, usageError{errors.New("--accept-plaintext needs --encryption-keys: without keys every record is stored in clear and read as it is")}
 		}
 		return nil, slog.String("encryption", "off"), nil
 	}
-	enc, attr, err := loadEncryption(*ef.keys, &idem.EncryptionConfig{AcceptPlaintext: *ef.acceptPlaintext}, func(msg string) {
+	enc, attr, err := loadEncryption(*ef.keys, &idemcrypt.Config{AcceptPlaintext: *ef.acceptPlaintext}, func(msg string) {
 		logger.Warn(msg, "file", *ef.keys)
 	})
 	if err != nil {
@@ -88,18 +88,18 @@ func longestTTL(base time.Duration, file *proxy.File) time.Duration {
 // log line. It calls warn when the file can be read or written by other
 // users than its owner. The error names the file and the line, never key
 // material.
-func loadEncryption(path string, cfg *idem.EncryptionConfig, warn func(msg string)) (*idem.Encryption, slog.Attr, error) {
+func loadEncryption(path string, cfg *idemcrypt.Config, warn func(msg string)) (*idemcrypt.Encryption, slog.Attr, error) {
 	if path == "" {
 		return nil, slog.String("encryption", "off"), nil
 	}
-	kr, err := idem.LoadKeyring(path)
+	kr, err := idemcrypt.LoadKeyring(path)
 	if err != nil {
 		return nil, slog.Attr{}, err
 	}
 	if msg := keyringPermissions(path); msg != "" && warn != nil {
 		warn(msg)
 	}
-	enc, err := idem.NewEncryption(kr, cfg)
+	enc, err := idemcrypt.New(kr, cfg)
 	if err != nil {
 		return nil, slog.Attr{}, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // A keyring file others can read (or write) is reported with its path, its
@@ -93,12 +94,12 @@ func TestInspectRecoveryPoint(t *testing.T) {
 	}
 	scope, now := idem.Scope("acme", "POST /payments"), time.Now()
 	save := func(key string, cp []byte) {
-		p := idem.ClaimParams{Scope: scope, Key: key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok-" + key,
+		p := idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok-" + key,
 			Lease: time.Minute, TTL: time.Hour, Now: now}
 		if _, err := s.Records.Claim(t.Context(), p); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Records.(idem.StepStore).SaveCheckpoint(t.Context(), idem.SaveCheckpointParams{Scope: scope, Key: key,
+		if err := s.Records.(idemstore.StepStore).SaveCheckpoint(t.Context(), idemstore.SaveCheckpointParams{Scope: scope, Key: key,
 			Token: p.Token, Checkpoint: cp, Now: now}); err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/events"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -24,8 +24,8 @@ type eventsFlags struct {
 
 func (f *flags) eventsFlags() eventsFlags {
 	return eventsFlags{
-		url:           f.String("events", "", "publish a payment.created event for every payment to this broker:\nnats://HOST:4222 (JetStream) or amqp://USER:PASS@HOST:5672/; the event\ncommits in the payment's transaction (an outbox) and a dispatcher\npublishes it at least once"),
-		subject:       f.String("events-subject", events.DefaultSubject, "the events' NATS subject or AMQP routing key"),
+		url:           f.String("events", "", "publish a payment.created event for every payment to this broker:\nnats://HOST:4222 (JetStream), amqp://USER:PASS@HOST:5672/ or\nkafka://HOST:9092[,HOST:PORT...][?topic=T&partitions=N&replication=N]; the event\ncommits in the payment's transaction (an outbox) and a dispatcher\npublishes it at least once"),
+		subject:       f.String("events-subject", events.DefaultSubject, "the events' NATS subject, AMQP routing key or Kafka topic"),
 		lease:         f.Duration("events-lease", outbox.DefaultLease, "how long a dispatcher's claim holds events it is publishing; another\nprocess's dispatcher publishes them after it if this one died"),
 		failReference: f.String("fail-reference", "", "make payments with this reference fail (500) after they were\nwritten, to show that a failed payment leaves no row and no event"),
 	}
@@ -121,8 +121,8 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string,
 		_ = d.Run(ctx)
 	}()
 	logBrokerAtStart(ctx, logger, conn, "payments are taken, and their events wait in the outbox until it answers")
-	logger.Info("publishing payment events", "broker", conn.Where, "subject", *ef.subject)
-	subject := *ef.subject
+	logger.Info("publishing payment events", "broker", conn.Where, "subject", conn.Topic)
+	subject := conn.Topic
 	hook := func(ctx context.Context, p payments.Payment, tenant string) error {
 		msg, err := events.Event(subject, events.PaymentCreated{PaymentID: p.ID, Tenant: tenant, AmountCents: p.AmountCents,
 			Currency: p.Currency, Reference: p.Reference, CreatedAt: p.CreatedAt})

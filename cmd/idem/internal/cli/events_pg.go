@@ -6,7 +6,7 @@ import (
 
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/pgoutbox"
+	"github.com/idemhq/idem/pgstore/pgoutbox"
 )
 
 // addStore is an outbox table as serve uses it (sqliteoutbox, pgoutbox).

@@ -13,6 +13,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Server timeouts. The write timeout leaves room for the handler's own
@@ -144,7 +145,7 @@ func health(stores ...*backend.Store) http.Handler {
 
 // cleanupLoop deletes expired records every interval until ctx ends. It is
 // the application's explicit cleanup: the stores never start goroutines.
-func cleanupLoop(ctx context.Context, s idem.Store, every time.Duration, logger *slog.Logger) {
+func cleanupLoop(ctx context.Context, s idemstore.Store, every time.Duration, logger *slog.Logger) {
 	if every <= 0 {
 		return
 	}
@@ -173,7 +174,7 @@ const cleanupBatchTimeout = 30 * time.Second
 // pauses after each batch as long as the batch took, so that traffic gets
 // the store (SQLite has a single write lock) at least half of the time
 // while a large backlog is deleted.
-func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int, pace bool) (int, error) {
+func deleteExpired(ctx context.Context, s idemstore.Store, batch, maxBatches int, pace bool) (int, error) {
 	total := 0
 	for i := 0; maxBatches <= 0 || i < maxBatches; i++ {
 		start := time.Now()
@@ -181,7 +182,7 @@ func deleteExpired(ctx context.Context, s idem.Store, batch, maxBatches int, pac
 		// application's, so it bounds it too: a store that stopped
 		// answering must not hold a batch forever.
 		bctx, cancel := context.WithTimeout(ctx, cleanupBatchTimeout)
-		n, err := s.DeleteExpired(bctx, idem.DeleteExpiredParams{Limit: batch, Now: start})
+		n, err := s.DeleteExpired(bctx, idemstore.DeleteExpiredParams{Limit: batch, Now: start})
 		cancel()
 		total += n
 		if err != nil {

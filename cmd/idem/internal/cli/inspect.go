@@ -9,33 +9,66 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // The operator commands: idem inspect, idem ls and idem delete. They work
 // on every store that outlives a process (a SQLite file, postgres://,
-// redis://) through the idem.Inspector capability.
+// redis://) through the idemstore.Inspector capability. Everything they print
+// from a record is escaped for the terminal (escape.go).
+
+// scopeHelp says what a scope is and how the commands take one back.
+const scopeHelp = `A scope is LEN:TENANT|OPERATION: the tenant's length in bytes, a colon, the
+tenant, a bar and the operation (the route pattern such as "POST /payments",
+or the full gRPC method); with no tenant, 0:|POST /payments. idem ls prints
+it; --scope and KEY take what it prints, quoted form included ("..." with Go
+escapes, used for anything with a space or a character that is not
+printable).`
 
 const inspectAbout = `Shows the idempotency record for KEY: its state, lease, expiry, fingerprint
 version and sizes, and the steps of an in-flight record's recovery point. The
-stored response's header fields and body, and the data of the steps, are
-shown only with --show-body (they may hold personal data). Without --scope,
-every scope holding KEY is shown (Redis keeps keys only hashed and needs
---scope; idem ls prints the scopes). A response or recovery point stored
-encrypted (idem serve|proxy --encryption-keys) is shown only with the same
---encryption-keys. Exit status 1 when there is no such record.`
+stored response's header fields and body, and the data of the steps, are shown
+only with --show-body (they may hold personal data), with control characters
+escaped (\x1b, \u009b); --json gives the body exactly (bodyEncoding "utf-8",
+or "base64" for a body that is not UTF-8 text). Without --scope, every scope
+holding KEY is shown. Redis keeps scopes and keys only hashed: there, give
+--scope with KEY, or instead of KEY the record's ID as idem ls prints it
+(PREFIX{64 hex digits}). A response or recovery point stored encrypted (idem
+serve|proxy --encryption-keys) is shown only with the same --encryption-keys. Exit status
+1 when there is no such record.
+
+` + scopeHelp
 
 const lsAbout = `Lists unexpired idempotency records, sorted by scope and key (Redis: in its
-own order, and by Redis key name, since it keeps scopes and keys only hashed).`
+own order, and by record ID, since it keeps scopes and keys only hashed). It
+reads the store a page at a time and prints as it goes, so its memory does not
+grow with --limit. When more records may follow the last one printed, it ends
+with a cursor (on stderr, or as "next" in --json) that --after takes to go on
+from there. On Redis a record may be listed twice when Redis resizes its key
+table during a long listing. STATE "held" is an in-flight record held for an
+operator: reconciliation gave up on it (idem serve --reconcile-max-attempts,
+--reconcile-max-age); a retry with its key still resumes it.
+
+` + scopeHelp
 
 const deleteAbout = `Deletes the idempotency record for KEY, so that the key is new again: a retry
 executes the operation once more. It refuses an in-flight record (the first
 attempt may still be running) unless --force is given. Without --scope, KEY
-must be held by exactly one scope.`
+must be held by exactly one scope. On Redis, give --scope with KEY, or instead
+of KEY the record's ID as idem ls prints it.
+
+` + scopeHelp
+
+// lsPage is how many records idem ls asks the store for at once: its
+// memory is about one page of records, whatever --limit is.
+const lsPage = 1000
+
+// lookupMax bounds how many scopes idem inspect shows for one key.
+const lookupMax = 100
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("inspect", inspectAbout, stdout, stderr)
@@ -47,7 +80,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
-	key, code := oneKey(f)
+	name, code := recordName(f, *store, *scope)
 	if code != exitOK {
 		return code
 	}
@@ -62,14 +95,17 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitError
 	}
 	defer s.Close()
-	recs, err := lookup(ctx, in, *scope, key)
+	recs, more, err := lookup(ctx, in, name)
 	if err != nil {
-		fmt.Fprintf(stderr, "idem inspect: %v\n", err)
+		fmt.Fprintf(stderr, "idem inspect: %s\n", storeError(err, s))
 		return exitError
 	}
 	if len(recs) == 0 {
-		fmt.Fprintf(stderr, "idem inspect: no record for this key in %s\n", s.Where)
+		fmt.Fprintf(stderr, "idem inspect: no record for this %s in %s\n", name.what(), s.Where)
 		return exitError
+	}
+	if more {
+		fmt.Fprintf(stderr, "idem inspect: more than %d scopes hold this key; the first %d are shown (choose one with --scope)\n", lookupMax, lookupMax)
 	}
 	notes := openResponses(ctx, enc, recs)
 	openCheckpoints(ctx, enc, recs, notes)
@@ -79,9 +115,12 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			out[i] = toJSON(r, *showBody)
 			out[i].Encryption = notes[i]
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(out)
+		b, err := json.MarshalIndent(out, "", "  ")
+		if err != nil {
+			fmt.Fprintf(stderr, "idem inspect: %v\n", err)
+			return exitError
+		}
+		_, _ = stdout.Write(append(escapeJSON(b), '\n'))
 		return exitOK
 	}
 	for i, r := range recs {
@@ -98,19 +137,25 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // about its encryption: "" for a response stored in clear. A response it
 // cannot decrypt is dropped from its record, so that ciphertext is never
 // printed as a body.
-func openResponses(ctx context.Context, enc *idem.Encryption, recs []idem.RecordInfo) []string {
+func openResponses(ctx context.Context, enc *idemcrypt.Encryption, recs []idemstore.RecordInfo) []string {
 	notes := make([]string, len(recs))
 	for i := range recs {
 		r := &recs[i]
 		if r.Response == nil {
 			continue
 		}
-		var none *idem.Encryption // opens exactly the responses stored in clear
+		var none *idemcrypt.Encryption // opens exactly the responses stored in clear
 		if _, err := none.Open(ctx, r.Scope, r.Key, r.Response); err == nil {
 			continue
 		}
-		if enc == nil {
+		switch {
+		case enc == nil:
 			notes[i], r.Response = "encrypted; give --encryption-keys to read the response", nil
+			continue
+		case r.Scope == "" && r.Key == "":
+			// Found by its ID: a sealed response is bound to the scope and
+			// key, which the store keeps only hashed.
+			notes[i], r.Response = "encrypted; give --scope and KEY instead of the ID to decrypt the response", nil
 			continue
 		}
 		resp, err := enc.Open(ctx, r.Scope, r.Key, r.Response)
@@ -127,21 +172,22 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("ls", lsAbout, stdout, stderr)
 	store := storeFlag(f)
 	state := f.String("state", "", "only records in this state: in-flight or completed")
-	limit := f.Int("limit", 100, "list at most this many records")
-	asJSON := f.Bool("json", false, "print JSON instead of a table")
+	limit := f.Int("limit", 100, "list at most this many records (any number: they are read and\nprinted a page at a time)")
+	after := f.String("after", "", "go on after the records an earlier idem ls printed: the cursor it\nended with")
+	asJSON := f.Bool("json", false, `print JSON instead of a table: {"records": [...], "next": CURSOR}`)
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
 	if len(f.positional()) > 0 {
 		return f.usageError("unexpected argument %q", f.positional()[0])
 	}
-	p := idem.ListParams{Limit: *limit, Now: time.Now()}
+	p := idemstore.ListParams{After: *after, Now: time.Now()}
 	switch *state {
 	case "":
 	case "in-flight":
-		p.State = idem.StateInFlight
+		p.State = idemstore.StateInFlight
 	case "completed":
-		p.State = idem.StateCompleted
+		p.State = idemstore.StateCompleted
 	default:
 		return f.usageError("--state must be in-flight or completed, not %q", *state)
 	}
@@ -154,37 +200,75 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	defer s.Close()
-	recs, err := in.List(ctx, p)
-	if err != nil {
-		fmt.Fprintf(stderr, "idem ls: %v\n", err)
+
+	var w recordWriter = newTableWriter(stdout, hashedNames(s.Kind))
+	if *asJSON {
+		w = newJSONWriter(stdout)
+	}
+	for left := *limit; left > 0; {
+		p.Limit = min(left, lsPage)
+		page, err := in.List(ctx, p)
+		if err != nil {
+			fmt.Fprintf(stderr, "idem ls: %s\n", lsError(err, s, *after, p.After))
+			return exitError
+		}
+		if err := w.write(page.Records); err != nil {
+			fmt.Fprintf(stderr, "idem ls: writing the listing: %v\n", err)
+			return exitError
+		}
+		left -= len(page.Records)
+		if p.After = page.Next; p.After == "" {
+			break
+		}
+	}
+	if err := w.end(p.After); err != nil {
+		fmt.Fprintf(stderr, "idem ls: writing the listing: %v\n", err)
 		return exitError
 	}
-	if *asJSON {
-		out := make([]recordJSON, len(recs))
-		for i, r := range recs {
-			out[i] = toJSON(r, false)
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(out)
-		return exitOK
+	if p.After != "" && !*asJSON {
+		fmt.Fprintf(stderr, "idem ls: more records may follow; go on with --after %s\n", p.After)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STATE\tEXPIRES AT\tLEASE UNTIL\tSIZE\tSCOPE\tKEY")
-	for _, r := range recs {
-		lease := "-"
-		if r.State == idem.StateInFlight {
-			lease = r.LeaseExpiresAt.Format(time.RFC3339)
-		}
-		scope, key := quoteField(r.Scope), quoteField(r.Key)
-		if r.Scope == "" && r.Key == "" {
-			scope, key = "(hashed)", r.ID
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", r.State, r.ExpiresAt.Format(time.RFC3339), lease, r.ResponseSize, scope, key)
-	}
-	_ = tw.Flush()
 	return exitOK
 }
+
+// lsError explains a failed page of idem ls, with where to go on from when
+// some pages were printed.
+func lsError(err error, s *backend.Store, first, at string) string {
+	if errors.Is(err, idemstore.ErrInvalidCursor) && at == first {
+		return fmt.Sprintf("--after: not a cursor idem ls printed for %s, or one it can no longer go on from: %s", s.Where, reason(err, idemstore.ErrInvalidCursor))
+	}
+	msg := storeError(err, s)
+	if at != "" && at != first {
+		msg += "; the records before were printed: go on with --after " + at
+	}
+	return msg
+}
+
+// storeError is err as an operator reads it: the idem errors an operator
+// command can meet say what to do on the command line.
+func storeError(err error, s *backend.Store) string {
+	switch {
+	case errors.Is(err, idemstore.ErrKeySearchUnsupported):
+		return "Redis keeps scopes and keys only hashed, so a key cannot be found without its scope: give --scope SCOPE with KEY, or instead of KEY the record's ID as idem ls prints it"
+	case errors.Is(err, idemstore.ErrInvalidID):
+		return fmt.Sprintf("not a record ID of %s (%s). Redis keeps scopes and keys only hashed: give --scope SCOPE with KEY, or instead of KEY the record's ID as idem ls prints it in its ID column", s.Where, reason(err, idemstore.ErrInvalidID))
+	}
+	return err.Error()
+}
+
+// reason returns what err says after sentinel, the idem error it wraps: the
+// store's explanation without the names of the functions it passed through.
+func reason(err, sentinel error) string {
+	msg := err.Error()
+	if _, after, ok := strings.Cut(msg, sentinel.Error()+": "); ok {
+		return after
+	}
+	return strings.TrimPrefix(sentinel.Error(), "idem: ")
+}
+
+// hashedNames reports whether a backend keeps scopes and keys only hashed,
+// so that records are known by their ID.
+func hashedNames(k backend.Kind) bool { return k == backend.Redis || k == backend.RedisCluster }
 
 func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("delete", deleteAbout, stdout, stderr)
@@ -194,7 +278,7 @@ func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
-	key, code := oneKey(f)
+	name, code := recordName(f, *store, *scope)
 	if code != exitOK {
 		return code
 	}
@@ -204,11 +288,10 @@ func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitError
 	}
 	defer s.Close()
-	sc := *scope
-	if sc == "" {
-		recs, err := lookup(ctx, in, "", key)
+	if name.id == "" && !name.scoped {
+		recs, _, err := lookup(ctx, in, name)
 		if err != nil {
-			fmt.Fprintf(stderr, "idem delete: %v\n", err)
+			fmt.Fprintf(stderr, "idem delete: %s\n", storeError(err, s))
 			return exitError
 		}
 		switch len(recs) {
@@ -216,25 +299,25 @@ func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			fmt.Fprintf(stderr, "idem delete: no record for this key in %s\n", s.Where)
 			return exitError
 		case 1:
-			sc = recs[0].Scope
+			name.scope, name.scoped = recs[0].Scope, true
 		default:
 			fmt.Fprintf(stderr, "idem delete: %d scopes hold this key; choose one with --scope (see idem inspect)\n", len(recs))
 			return exitError
 		}
 	}
-	err = in.Delete(ctx, idem.DeleteParams{Scope: sc, Key: key, Force: *force, Now: time.Now()})
+	err = in.Delete(ctx, idemstore.DeleteParams{Scope: name.scope, Key: name.key, ID: name.id, Force: *force, Now: time.Now()})
 	switch {
-	case errors.Is(err, idem.ErrNotFound):
-		fmt.Fprintf(stderr, "idem delete: no record for this key in scope %s\n", quoteField(sc))
+	case errors.Is(err, idemstore.ErrNotFound):
+		fmt.Fprintf(stderr, "idem delete: no record for this %s in %s\n", name.what(), s.Where)
 		return exitError
-	case errors.Is(err, idem.ErrInFlight):
+	case errors.Is(err, idemstore.ErrInFlight):
 		fmt.Fprintln(stderr, "idem delete: the record is in flight (its first attempt may still be running); refusing without --force")
 		return exitError
 	case err != nil:
-		fmt.Fprintf(stderr, "idem delete: %v\n", err)
+		fmt.Fprintf(stderr, "idem delete: %s\n", storeError(err, s))
 		return exitError
 	}
-	fmt.Fprintf(stdout, "deleted the record in scope %s from %s\n", quoteField(sc), s.Where)
+	fmt.Fprintf(stdout, "deleted the record %s from %s\n", name.describe(), s.Where)
 	return exitOK
 }
 
@@ -242,23 +325,71 @@ func storeFlag(f *flags) *string {
 	return f.String("store", "idem.db", "the records store: a SQLite file path, a postgres:// URL or a redis:// URL")
 }
 
-// oneKey returns the one positional argument, KEY.
-func oneKey(f *flags) (string, int) {
-	switch args := f.positional(); {
-	case len(args) == 0:
-		return "", f.usageError("KEY is missing")
-	case len(args) > 1:
-		return "", f.usageError("one KEY expected, got %d arguments", len(args))
-	case args[0] == "":
-		return "", f.usageError("KEY is empty")
-	default:
-		return args[0], exitOK
+// name is the record an idem inspect or idem delete command names: by
+// scope (when scoped) and key, or, on a store that keeps them only hashed,
+// by ID.
+type name struct {
+	scope, key, id string
+	scoped         bool
+}
+
+// what names the kind of argument for messages, which never repeat a key.
+func (n name) what() string {
+	if n.id != "" {
+		return "ID"
 	}
+	if n.scoped {
+		return "key in scope " + termField(n.scope)
+	}
+	return "key"
+}
+
+// describe names the record for the message of a deletion: its scope or
+// its ID, never its key.
+func (n name) describe() string {
+	if n.id != "" {
+		return termField(n.id)
+	}
+	return "in scope " + termField(n.scope)
+}
+
+// recordName reads the one positional argument: KEY, with --scope if
+// given; or, on a store whose records are known by ID, with no --scope,
+// the record's ID. The ID's form is the store's to check; here the
+// argument counts as an ID only when --store is a Redis URL and no
+// --scope is given, since such a store cannot find a key without its
+// scope.
+func recordName(f *flags, store, scope string) (name, int) {
+	args := f.positional()
+	switch {
+	case len(args) == 0:
+		return name{}, f.usageError("KEY is missing")
+	case len(args) > 1:
+		return name{}, f.usageError("one KEY expected, got %d arguments", len(args))
+	case args[0] == "":
+		return name{}, f.usageError("KEY is empty")
+	}
+	arg, err := argField(args[0])
+	if err != nil {
+		return name{}, f.usageError("KEY: %v", err)
+	}
+	n := name{key: arg}
+	if scope != "" {
+		if n.scope, err = argField(scope); err != nil {
+			return name{}, f.usageError("--scope: %v", err)
+		}
+		n.scoped = true
+		return n, exitOK
+	}
+	if kind, err := backend.KindOf(store); err == nil && hashedNames(kind) {
+		n = name{id: arg}
+	}
+	return n, exitOK
 }
 
 // openInspector opens the store named by spec, which must outlive this
-// process and implement idem.Inspector.
-func openInspector(ctx context.Context, spec string) (idem.Inspector, *backend.Store, error) {
+// process and implement idemstore.Inspector.
+func openInspector(ctx context.Context, spec string) (idemstore.Inspector, *backend.Store, error) {
 	kind, err := backend.KindOf(spec)
 	if err != nil {
 		return nil, nil, err
@@ -276,7 +407,7 @@ func openInspector(ctx context.Context, spec string) (idem.Inspector, *backend.S
 	if err != nil {
 		return nil, nil, err
 	}
-	in, ok := s.Records.(idem.Inspector)
+	in, ok := s.Records.(idemstore.Inspector)
 	if !ok {
 		s.Close()
 		return nil, nil, fmt.Errorf("%s cannot be inspected", s.Where)
@@ -284,73 +415,85 @@ func openInspector(ctx context.Context, spec string) (idem.Inspector, *backend.S
 	return in, s, nil
 }
 
-// lookup returns the record for key in scope, or in every scope when scope
-// is empty.
-func lookup(ctx context.Context, in idem.Inspector, scope, key string) ([]idem.RecordInfo, error) {
+// lookup returns the record n names: at its ID, in its scope, or in every
+// scope holding its key (at most lookupMax of them; more reports that
+// there were others).
+func lookup(ctx context.Context, in idemstore.Inspector, n name) (recs []idemstore.RecordInfo, more bool, err error) {
 	now := time.Now()
-	if scope != "" {
-		r, err := in.Get(ctx, idem.GetParams{Scope: scope, Key: key, Now: now})
-		if errors.Is(err, idem.ErrNotFound) {
-			return nil, nil
+	if n.id != "" || n.scoped {
+		r, err := in.Get(ctx, idemstore.GetParams{Scope: n.scope, Key: n.key, ID: n.id, Now: now})
+		if errors.Is(err, idemstore.ErrNotFound) {
+			return nil, false, nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		return []idem.RecordInfo{r}, nil
+		return []idemstore.RecordInfo{r}, false, nil
 	}
-	found, err := in.List(ctx, idem.ListParams{Key: key, Limit: 100, Now: now})
-	if err != nil {
-		return nil, err
-	}
-	var out []idem.RecordInfo
-	for _, f := range found {
-		r, err := in.Get(ctx, idem.GetParams{Scope: f.Scope, Key: f.Key, Now: now})
-		if errors.Is(err, idem.ErrNotFound) {
-			continue // gone since the listing
-		}
+	p := idemstore.ListParams{Key: n.key, Limit: lookupMax + 1, Now: now}
+	for {
+		page, err := in.List(ctx, p)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		out = append(out, r)
+		for _, f := range page.Records {
+			if len(recs) == lookupMax {
+				return recs, true, nil
+			}
+			r, err := in.Get(ctx, idemstore.GetParams{Scope: f.Scope, Key: f.Key, Now: now})
+			if errors.Is(err, idemstore.ErrNotFound) {
+				continue // gone since the listing
+			}
+			if err != nil {
+				return nil, false, err
+			}
+			recs = append(recs, r)
+		}
+		if p.After = page.Next; p.After == "" {
+			return recs, false, nil
+		}
 	}
-	return out, nil
 }
 
-// quoteField quotes a scope or key for a terminal if it holds anything
-// but printable text.
-func quoteField(s string) string {
-	if strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f || r == ' ' || r == '\t' }) {
-		return fmt.Sprintf("%q", s)
-	}
-	return s
-}
-
-func printRecord(w io.Writer, r idem.RecordInfo, showBody bool, encryption string) {
-	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+func printRecord(w io.Writer, r idemstore.RecordInfo, showBody bool, encryption string) {
+	tw := newTable(w, 1)
 	line := func(k, format string, args ...any) {
 		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...)
 	}
-	line("scope", "%s", quoteField(r.Scope))
-	line("key", "%s", quoteField(r.Key))
-	if r.ID != "" {
-		line("store id", "%s", r.ID)
+	if r.Scope != "" || r.Key != "" || r.ID == "" {
+		line("scope", "%s", termField(r.Scope))
+		line("key", "%s", termField(r.Key))
 	}
-	line("state", "%s", r.State)
-	line("fingerprint", "%s", r.Fingerprint)
-	line("fingerprint version", "%s", r.FingerprintVersion())
+	if r.ID != "" {
+		line("store id", "%s", termField(r.ID))
+	}
+	if r.Held() {
+		line("state", "%s, held for an operator: reconciliation gave up on it; a retry with its key still resumes it", r.State)
+	} else {
+		line("state", "%s", r.State)
+	}
+	line("fingerprint", "%s", termField(r.Fingerprint))
+	line("fingerprint version", "%s", termField(r.FingerprintVersion()))
 	line("expires at", "%s (in %s)", r.ExpiresAt.Format(time.RFC3339Nano), time.Until(r.ExpiresAt).Round(time.Second))
-	if r.State == idem.StateInFlight {
+	if r.State == idemstore.StateInFlight && !r.Held() {
 		line("lease until", "%s (%s)", r.LeaseExpiresAt.Format(time.RFC3339Nano), leaseState(r.LeaseExpiresAt))
 	}
 	if encryption != "" {
-		line("encryption", "%s", encryption)
+		text, _ := termText(encryption, false)
+		line("encryption", "%s", text)
 	}
 	printSteps(line, r)
+	var body string
 	if resp := r.Response; resp != nil {
 		line("response status", "%d", resp.StatusCode)
 		line("response size", "%d bytes stored (body %d bytes, %d header fields)", r.ResponseSize, len(resp.Body), len(resp.Header))
 		if resp.Unreplayable {
 			line("replayable", "no (the body was too large or streamed; retries get 409 idempotency.response_unavailable)")
+		}
+		if showBody {
+			var how string
+			body, how = bodyText(resp.Body)
+			line("body shown", "%s", how)
 		}
 	}
 	_ = tw.Flush()
@@ -364,13 +507,15 @@ func printRecord(w io.Writer, r idem.RecordInfo, showBody bool, encryption strin
 			}
 		})
 		for _, k := range names {
+			name, _ := termText(k, false)
 			for _, v := range r.Response.Header[k] {
-				fmt.Fprintf(w, "%s: %s\n", k, v)
+				value, _ := termText(v, false)
+				fmt.Fprintf(w, "%s: %s\n", name, value)
 			}
 		}
 		fmt.Fprintln(w)
-		_, _ = w.Write(r.Response.Body)
-		if n := len(r.Response.Body); n > 0 && r.Response.Body[n-1] != '\n' {
+		fmt.Fprint(w, body)
+		if body != "" && body[len(body)-1] != '\n' {
 			fmt.Fprintln(w)
 		}
 	}
@@ -384,47 +529,4 @@ func leaseState(t time.Time) string {
 		return "live for " + d.Round(time.Millisecond).String()
 	}
 	return "expired: the next retry takes the record over"
-}
-
-// recordJSON is the --json form of a record.
-type recordJSON struct {
-	Scope              string              `json:"scope,omitempty"`
-	Key                string              `json:"key,omitempty"`
-	ID                 string              `json:"id,omitempty"`
-	State              string              `json:"state"`
-	Fingerprint        string              `json:"fingerprint"`
-	FingerprintVersion string              `json:"fingerprintVersion"`
-	ExpiresAt          time.Time           `json:"expiresAt"`
-	LeaseExpiresAt     *time.Time          `json:"leaseExpiresAt,omitempty"`
-	ResponseSize       int                 `json:"responseSize"`
-	Status             int                 `json:"status,omitempty"`
-	BodySize           *int                `json:"bodySize,omitempty"`
-	Unreplayable       bool                `json:"unreplayable,omitempty"`
-	Header             map[string][]string `json:"header,omitempty"`
-	Body               *string             `json:"body,omitempty"`
-	// Encryption says whether the stored response (or recovery point) is
-	// encrypted and whether --encryption-keys decrypted it; absent for one
-	// stored in clear.
-	Encryption string `json:"encryption,omitempty"`
-	// Steps are the steps of an in-flight record's recovery point (with
-	// their data under --show-body).
-	Steps []stepJSON `json:"steps,omitempty"`
-}
-
-func toJSON(r idem.RecordInfo, showBody bool) recordJSON {
-	j := recordJSON{Scope: r.Scope, Key: r.Key, ID: r.ID, State: r.State.String(), Fingerprint: r.Fingerprint,
-		FingerprintVersion: r.FingerprintVersion(), ExpiresAt: r.ExpiresAt, ResponseSize: r.ResponseSize}
-	if r.State == idem.StateInFlight {
-		j.LeaseExpiresAt = &r.LeaseExpiresAt
-		j.Steps = stepsJSON(r, showBody)
-	}
-	if resp := r.Response; resp != nil {
-		n := len(resp.Body)
-		j.Status, j.BodySize, j.Unreplayable = resp.StatusCode, &n, resp.Unreplayable
-		if showBody {
-			body := string(resp.Body)
-			j.Header, j.Body = resp.Header, &body
-		}
-	}
-	return j
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // idem inspect on an encrypted record: without --encryption-keys it says
@@ -41,7 +42,7 @@ func TestInspectEncryptedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	scope, now := idem.Scope("acme", "POST /payments"), time.Now()
-	p := idem.ClaimParams{Scope: scope, Key: "order-1", Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok",
+	p := idemstore.ClaimParams{Scope: scope, Key: "order-1", Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok",
 		Lease: time.Minute, TTL: time.Hour, Now: now}
 	if _, err := s.Records.Claim(t.Context(), p); err != nil {
 		t.Fatal(err)
@@ -51,7 +52,7 @@ func TestInspectEncryptedRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Records.Complete(t.Context(), idem.CompleteParams{Scope: scope, Key: p.Key, Token: p.Token, Response: sealed, Now: now}); err != nil {
+	if err := s.Records.Complete(t.Context(), idemstore.CompleteParams{Scope: scope, Key: p.Key, Token: p.Token, Response: sealed, Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()

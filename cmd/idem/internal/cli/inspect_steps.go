@@ -7,10 +7,11 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // openCheckpoints opens the recovery points of the records in flight with
@@ -18,13 +19,13 @@ import (
 // notes[i] what to say about a sealed one, as openResponses does for
 // responses: a checkpoint it cannot open is dropped from its record, so
 // that ciphertext is never printed as steps.
-func openCheckpoints(ctx context.Context, enc *idem.Encryption, recs []idem.RecordInfo, notes []string) {
+func openCheckpoints(ctx context.Context, enc *idemcrypt.Encryption, recs []idemstore.RecordInfo, notes []string) {
 	for i := range recs {
 		r := &recs[i]
 		if len(r.Checkpoint) == 0 {
 			continue
 		}
-		var none *idem.Encryption // opens exactly the checkpoints stored in clear
+		var none *idemcrypt.Encryption // opens exactly the checkpoints stored in clear
 		if _, err := none.OpenCheckpoint(ctx, r.Scope, r.Key, r.Fingerprint, r.Checkpoint); err == nil {
 			continue
 		}
@@ -43,7 +44,7 @@ func openCheckpoints(ctx context.Context, enc *idem.Encryption, recs []idem.Reco
 
 // printSteps prints the steps of r's (opened) recovery point: one summary
 // line, and with showBody each step's data.
-func printSteps(line func(k, format string, args ...any), r idem.RecordInfo) {
+func printSteps(line func(k, format string, args ...any), r idemstore.RecordInfo) {
 	if len(r.Checkpoint) == 0 {
 		return
 	}
@@ -54,7 +55,7 @@ func printSteps(line func(k, format string, args ...any), r idem.RecordInfo) {
 	}
 	parts := make([]string, len(steps))
 	for i, st := range steps {
-		parts[i] = quoteField(st.Name) + " (" + stepState(st) + ")"
+		parts[i] = termField(st.Name) + " (" + stepState(st) + ")"
 	}
 	line("steps", "%s", strings.Join(parts, ", "))
 }
@@ -62,7 +63,7 @@ func printSteps(line func(k, format string, args ...any), r idem.RecordInfo) {
 // printStepData prints the data of each completed step (--show-body):
 // recovery points hold what later steps need, such as amounts and
 // references.
-func printStepData(w io.Writer, r idem.RecordInfo) {
+func printStepData(w io.Writer, r idemstore.RecordInfo) {
 	steps, err := idem.ParseCheckpoint(r.Checkpoint)
 	if err != nil || len(steps) == 0 {
 		return
@@ -70,7 +71,7 @@ func printStepData(w io.Writer, r idem.RecordInfo) {
 	fmt.Fprintln(w)
 	for _, st := range steps {
 		if st.Done {
-			fmt.Fprintf(w, "step %s: %s\n", quoteField(st.Name), printableOrQuoted(st.Data))
+			fmt.Fprintf(w, "step %s: %s\n", termField(st.Name), printableOrQuoted(st.Data))
 		}
 	}
 }
@@ -85,12 +86,13 @@ func stepState(st idem.StepState) string {
 	return "not done"
 }
 
-// printableOrQuoted returns b as it is if it is UTF-8 text without control
-// characters, and Go-quoted otherwise, so that no stored byte reaches the
-// terminal as a control sequence.
+// printableOrQuoted returns b escaped for the terminal as termText does
+// (one line) if it is UTF-8 text, and Go-quoted otherwise, so that no
+// stored byte reaches the terminal as a control sequence.
 func printableOrQuoted(b []byte) string {
-	if utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) {
-		return string(b)
+	if utf8.Valid(b) {
+		t, _ := termText(string(b), false)
+		return t
 	}
 	return strconv.Quote(string(b))
 }
@@ -107,7 +109,7 @@ type stepJSON struct {
 
 // stepsJSON returns r's steps for --json (nil without a readable
 // recovery point).
-func stepsJSON(r idem.RecordInfo, showBody bool) []stepJSON {
+func stepsJSON(r idemstore.RecordInfo, showBody bool) []stepJSON {
 	steps, err := idem.ParseCheckpoint(r.Checkpoint)
 	if err != nil || len(steps) == 0 {
 		return nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
@@ -125,8 +126,8 @@ func TestOperatorCommands(t *testing.T) {
 				t.Fatal(err)
 			}
 			now := time.Now()
-			claim := func(key string) idem.ClaimParams {
-				p := idem.ClaimParams{Scope: scope, Key: key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok-" + key,
+			claim := func(key string) idemstore.ClaimParams {
+				p := idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: idem.FingerprintVersion + ":abc", Token: "tok-" + key,
 					Lease: time.Minute, TTL: time.Hour, Now: now}
 				if _, err := s.Records.Claim(t.Context(), p); err != nil {
 					t.Fatal(err)
@@ -136,7 +137,7 @@ func TestOperatorCommands(t *testing.T) {
 			done := claim("order-1")
 			resp := &idem.Response{StatusCode: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
 				Body: []byte(`{"id":"pay_1","secret":"card-4242"}`)}
-			if err := s.Records.Complete(t.Context(), idem.CompleteParams{Scope: scope, Key: done.Key, Token: done.Token, Response: resp, Now: now}); err != nil {
+			if err := s.Records.Complete(t.Context(), idemstore.CompleteParams{Scope: scope, Key: done.Key, Token: done.Token, Response: resp, Now: now}); err != nil {
 				t.Fatal(err)
 			}
 			running := claim("order-2")
@@ -171,7 +172,7 @@ func TestOperatorCommands(t *testing.T) {
 			if code, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); code != exitError || !strings.Contains(errs, "no record") {
 				t.Errorf("inspect of an absent key: exit %d: %s", code, errs)
 			}
-			if code, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); strings.Contains(errs, "order-9") {
+			if _, _, errs = run(t, "inspect", "--store", spec, "--scope", scope, "order-9"); strings.Contains(errs, "order-9") {
 				t.Errorf("the key appears in an error message: %s", errs)
 			}
 			if name != "redis" {
@@ -180,6 +181,13 @@ func TestOperatorCommands(t *testing.T) {
 				if code != exitOK || !strings.Contains(out, "acme") {
 					t.Errorf("inspect without --scope: exit %d:\n%s", code, out)
 				}
+			} else {
+				// Redis cannot find a key without its scope, and says
+				// what to give instead, in the command's terms.
+				code, _, errs = run(t, "inspect", "--store", spec, "order-1")
+				if code != exitError || !strings.Contains(errs, "--scope") || !strings.Contains(errs, "idem ls") {
+					t.Errorf("inspect without --scope on Redis: exit %d: %s", code, errs)
+				}
 			}
 
 			// ls: both, then each state.
@@ -187,16 +195,62 @@ func TestOperatorCommands(t *testing.T) {
 			if code != exitOK || strings.Count(out, "\n") != 3 || !strings.Contains(out, "in-flight") || !strings.Contains(out, "completed") {
 				t.Errorf("ls: exit %d: %s\n%s", code, errs, out)
 			}
-			code, out, _ = run(t, "ls", "--store", spec, "--state", "in-flight", "--json")
-			if err := json.Unmarshal([]byte(out), &recs); code != exitOK || err != nil || len(recs) != 1 || recs[0].State != "in-flight" {
-				t.Errorf("ls --state in-flight: exit %d, %v:\n%s", code, err, out)
+			if errs != "" {
+				t.Errorf("ls of every record printed a cursor: %s", errs)
 			}
-			if name != "redis" && (len(recs) != 1 || recs[0].Key != running.Key) {
-				t.Errorf("ls --state in-flight: %+v", recs)
+			ls := lsJSON(t, "--store", spec, "--state", "in-flight")
+			if len(ls.Records) != 1 || ls.Records[0].State != "in-flight" || ls.Next != "" {
+				t.Errorf("ls --state in-flight: %+v", ls)
 			}
-			code, out, _ = run(t, "ls", "--store", spec, "--limit", "1", "--json")
-			if err := json.Unmarshal([]byte(out), &recs); code != exitOK || err != nil || len(recs) != 1 {
-				t.Errorf("ls --limit 1: exit %d, %v:\n%s", code, err, out)
+			if name != "redis" && (len(ls.Records) != 1 || ls.Records[0].Key != running.Key) {
+				t.Errorf("ls --state in-flight: %+v", ls.Records)
+			}
+			if ls = lsJSON(t, "--store", spec, "--limit", "1"); len(ls.Records) > 1 || ls.Next == "" {
+				t.Errorf("ls --limit 1: %+v", ls)
+			}
+			if name == "redis" {
+				// inspect and delete take the ID ls prints, from its
+				// table and from its JSON.
+				code, out, _ = run(t, "ls", "--store", spec, "--state", "in-flight")
+				lines := strings.Split(strings.TrimSpace(out), "\n")
+				if code != exitOK || len(lines) != 2 || !strings.HasSuffix(lines[0], "ID") {
+					t.Fatalf("ls on Redis: exit %d:\n%s", code, out)
+				}
+				fields := strings.Fields(lines[1])
+				id := fields[len(fields)-1]
+				if code, out, errs = run(t, "inspect", "--store", spec, id); code != exitOK || !strings.Contains(out, "in-flight") || !strings.Contains(out, id) {
+					t.Errorf("inspect %s: exit %d: %s\n%s", id, code, errs, out)
+				}
+				if code, _, errs = run(t, "delete", "--store", spec, id); code != exitError || !strings.Contains(errs, "--force") {
+					t.Errorf("delete %s in flight: exit %d: %s", id, code, errs)
+				}
+				done := lsJSON(t, "--store", spec, "--state", "completed")
+				if len(done.Records) != 1 || done.Records[0].ID == "" {
+					t.Fatalf("ls --state completed --json on Redis: %+v", done)
+				}
+				code, out, errs = run(t, "inspect", "--store", spec, "--json", "--show-body", done.Records[0].ID)
+				if code != exitOK || !strings.Contains(out, "card-4242") {
+					t.Errorf("inspect by the JSON ID: exit %d: %s\n%s", code, errs, out)
+				}
+				if code, _, errs = run(t, "inspect", "--store", spec, "idem:{nothex}"); code != exitError || !strings.Contains(errs, "not a record ID") {
+					t.Errorf("inspect of a malformed ID: exit %d: %s", code, errs)
+				}
+				missing := id[:len(id)-3] + "00}"
+				if code, _, errs = run(t, "inspect", "--store", spec, missing); code != exitError || !strings.Contains(errs, "no record for this ID") {
+					t.Errorf("inspect of an absent ID: exit %d: %s", code, errs)
+				}
+				if code, _, errs = run(t, "delete", "--store", spec, "--force", id); code != exitOK {
+					t.Errorf("delete --force %s: exit %d: %s", id, code, errs)
+				}
+				if code, _, _ = run(t, "inspect", "--store", spec, id); code != exitError {
+					t.Errorf("inspect after delete by ID: exit %d", code)
+				}
+				// The rest of the test needs the in-flight record again.
+				if s, err = backend.Open(t.Context(), spec); err != nil {
+					t.Fatal(err)
+				}
+				claim(running.Key)
+				s.Close()
 			}
 
 			// delete: refuses the in-flight record without --force.
@@ -212,14 +266,33 @@ func TestOperatorCommands(t *testing.T) {
 					t.Errorf("delete --force %s: exit %d: %s", key, code, errs)
 				}
 			}
-			if code, out, _ = run(t, "ls", "--store", spec, "--json"); code != exitOK || strings.TrimSpace(out) != "[]" {
-				t.Errorf("ls after deleting everything: exit %d: %s", code, out)
+			if ls = lsJSON(t, "--store", spec); len(ls.Records) != 0 || ls.Next != "" {
+				t.Errorf("ls after deleting everything: %+v", ls)
 			}
 			if code, _, _ = run(t, "delete", "--store", spec, "--scope", scope, done.Key); code != exitError {
 				t.Errorf("delete of a deleted key: exit %d", code)
 			}
 		})
 	}
+}
+
+// lsListing is idem ls --json's output.
+type lsListing struct {
+	Records []recordJSON `json:"records"`
+	Next    string       `json:"next"`
+}
+
+// lsJSON runs idem ls --json with args and decodes its output.
+func lsJSON(t *testing.T, args ...string) lsListing {
+	t.Helper()
+	code, out, errs := run(t, append([]string{"ls", "--json"}, args...)...)
+	var ls lsListing
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ls); code != exitOK || err != nil {
+		t.Fatalf("ls --json %v: exit %d, %v: %s\n%s", args, code, err, errs, out)
+	}
+	return ls
 }
 
 func TestOperatorCommandUsage(t *testing.T) {
@@ -231,6 +304,8 @@ func TestOperatorCommandUsage(t *testing.T) {
 		{"delete", "--store", path},
 		{"ls", "--store", path, "--state", "done"},
 		{"ls", "--store", path, "--limit", "0"},
+		{"inspect", "--store", path, `"unterminated`},
+		{"inspect", "--store", path, "--scope", `"bad\q"`, "k"},
 	} {
 		if code, _, _ := run(t, args...); code != exitUsage {
 			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)

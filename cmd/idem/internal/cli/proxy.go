@@ -277,11 +277,23 @@ func checkProxyConfig(path string, base proxy.Settings, stdout, stderr io.Writer
 			key += " " + strings.Join(s.Methods, ",")
 		}
 		scope := cmp.Or(s.ScopeHeader, proxy.NoScope)
-		fmt.Fprintf(stdout, "  line %d: %s\n    key %s; lease %v; ttl %v; wait %v; upstream timeout %v; scope %s;\n    max request %s; max stored response %s; outcome %s\n",
+		fmt.Fprintf(stdout, "  line %d: %s\n    key %s; lease %v; ttl %v; wait %v; upstream timeout %v; scope %s;\n    max request %s; max stored response %s; outcome %s\n    fingerprint %s\n",
 			r.Line, r.Pattern, key, s.Lease, s.TTL, s.Wait, s.UpstreamTimeout, scope,
-			proxy.FormatSize(s.MaxRequestBody), proxy.FormatSize(s.MaxResponseBody), s.Outcome)
+			proxy.FormatSize(s.MaxRequestBody), proxy.FormatSize(s.MaxResponseBody), s.Outcome, fingerprintFields(s))
 	}
 	return exitOK
+}
+
+// fingerprintFields says which parts of a JSON body a route's
+// fingerprint covers, for --check-config.
+func fingerprintFields(s proxy.Settings) string {
+	switch {
+	case len(s.FingerprintInclude) > 0:
+		return "covers only " + strings.Join(s.FingerprintInclude, ", ") + " (with the method and target)"
+	case len(s.FingerprintExclude) > 0:
+		return "covers the whole body except " + strings.Join(s.FingerprintExclude, ", ")
+	}
+	return "covers the whole body"
 }
 
 // unscopedRoutes names the routes (and "default" for requests matching no

@@ -101,6 +101,26 @@ func TestProxyCheckConfigReadsFlags(t *testing.T) {
 	}
 }
 
+// TestProxyCheckConfigShowsFingerprintFields: --check-config says which
+// body fields each route's fingerprint covers.
+func TestProxyCheckConfigShowsFingerprintFields(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "routes.yaml")
+	os.WriteFile(file, []byte("routes:\n  \"POST /a\":\n    fingerprint_exclude: [/client_time, /trace/id]\n"+
+		"  \"POST /b\":\n    fingerprint_include: [/amount]\n  \"POST /c\": {}\n"), 0o600)
+	var stdout, stderr syncBuffer
+	if code := Main(context.Background(), []string{"proxy", "--check-config", file}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, want := range []string{
+		"POST /a\n", "fingerprint covers the whole body except /client_time, /trace/id\n",
+		"fingerprint covers only /amount (with the method and target)\n", "fingerprint covers the whole body\n",
+	} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+		}
+	}
+}
+
 // TestProxyServesAndStops runs `idem proxy` in this process on the memory
 // store: a retry replays, and cancelling the context (as a signal does)
 // stops it with exit 0.

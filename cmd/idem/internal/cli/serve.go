@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/console"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
+	"github.com/idemhq/idem/idemstore"
 )
 
 const serveAbout = `Runs the payments demo: a retry-safe payments API. POST /api/payments needs
@@ -28,6 +29,9 @@ With --provider URL (see idem provider), each payment is made in three steps
 that survive crashes: a pending payment, a charge at the provider with a key
 derived from the client's key, then captured; a charge that cannot be made in
 --provider-budget answers 503 idempotency.step_incomplete and the retry resumes.
+A charge the provider declines (a 4xx) is final: the payment fails and the
+client gets 402 payment.declined, stored and replayed. Pending payments are
+resumed in the background (--reconcile-*) until they are held for an operator.
 
 Endpoints: POST /api/payments, GET /api/payments/{id}, GET /api/payments/count,
 GET /healthz, GET /readyz (every dependency answers within 1s, as JSON),
@@ -73,7 +77,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		d    time.Duration
 	}{{"lease", *lease}, {"ttl", *ttl}, {"wait", *sf.wait}, {"store-timeout", *sf.storeTimeout}} {
 		if c.d > idem.MaxTTL {
-			return f.usageError("--%s %v is longer than the maximum %v (10 years, idem.MaxTTL): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
+			return f.usageError("--%s %v is longer than the maximum %v (10 years): an expiry further out overflows", c.name, c.d, idem.MaxTTL)
 		}
 	}
 	if *ttl < *lease {
@@ -110,7 +114,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *ef.url != "" && *pf.url != "" {
 		return f.usageError("--events and --provider cannot be combined yet (the provider flow does not add events)")
 	}
-	if err := pf.check(sameDB); err != nil {
+	if err := pf.check(sameDB, *ttl); err != nil {
 		return f.usageError("%v", err)
 	}
 	// ReadFirst: a PostgreSQL replay is one primary-key read (the claim
@@ -150,8 +154,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 
 	// Payments and records in one database commit in one transaction: the
-	// records store must offer it (idem.TxStore).
-	_, transactional := records.Records.(idem.TxStore)
+	// records store must offer it (idemstore.TxStore).
+	_, transactional := records.Records.(idemstore.TxStore)
 	if sameDB && !transactional {
 		logger.Error("internal error: the records store cannot join the payments' transaction", "store", fmt.Sprintf("%T", records.Records))
 		return exitError
@@ -220,12 +224,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var exec *idem.Executor
 	if psvc != nil {
 		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
-		if exec, err = idem.NewExecutor(mwStore, idemCfg); err != nil {
+		// The reconciler's executor shares the records' settings, not the
+		// middleware's HTTP ones.
+		exec, err = idem.NewExecutor(mwStore, &idem.Config{Lease: idemCfg.Lease, TTL: idemCfg.TTL,
+			StoreTimeout: idemCfg.StoreTimeout, Observer: idemCfg.Observer, Logger: idemCfg.Logger,
+			Encryption: idemCfg.Encryption, DeriveKeySecret: idemCfg.DeriveKeySecret, ClaimInTx: idemCfg.ClaimInTx})
+		if err != nil {
 			return f.usageError("%v", err)
 		}
+		pm := m.Provider(payments.Answers(), payments.Outcomes())
+		psvc.Observer = pm
 		rctx, stopReconcile := context.WithCancel(ctx)
 		defer stopReconcile()
-		go reconcileLoop(rctx, exec, psvc, *pf.reconcile, logger)
+		go reconcileLoop(rctx, exec, mwStore, psvc, pf, pm, logger)
 	}
 	postHandler := evs.after(mw.Handle(m.InFlight(create)))
 	if psvc != nil {
@@ -259,7 +270,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		defer wait()
 	}
-	where := dbStore.Where
+	var where string
 	if records != dbStore {
 		where = fmt.Sprintf("payments in %s; idempotency records in %s (no shared transaction)", dbStore.Where, records.Where)
 	} else {
@@ -284,12 +295,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // Watcher, if it has one): when the records live in another database than
 // the payments, the store's transaction must not reach the payment
 // repository, which would write the payment into the records' database.
-func withoutTx(s idem.Store) idem.Store {
-	if w, ok := s.(idem.Watcher); ok {
+func withoutTx(s idemstore.Store) idemstore.Store {
+	if w, ok := s.(idemstore.Watcher); ok {
 		return struct {
-			idem.Store
-			idem.Watcher
+			idemstore.Store
+			idemstore.Watcher
 		}{s, w}
 	}
-	return struct{ idem.Store }{s}
+	return struct{ idemstore.Store }{s}
 }

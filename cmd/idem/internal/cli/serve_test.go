@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
@@ -266,7 +267,7 @@ func TestCleanupCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, age := range []time.Duration{2 * time.Hour, 2 * time.Hour, 2 * time.Hour, 0} {
-		_, err := st.Claim(context.Background(), idem.ClaimParams{Scope: "s", Key: fmt.Sprint(i), Fingerprint: "v1:x",
+		_, err := st.Claim(context.Background(), idemstore.ClaimParams{Scope: "s", Key: fmt.Sprint(i), Fingerprint: "v1:x",
 			Token: "t", Lease: time.Minute, TTL: time.Hour, Now: time.Now().Add(-age)})
 		if err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -41,7 +42,7 @@ type confirmData struct {
 func (c *Console) allowed(action string, row Row, now time.Time) error {
 	switch action {
 	case "delete":
-		if row.State != idem.StateCompleted {
+		if row.State != idemstore.StateCompleted {
 			return errors.New("only a completed record can be deleted here (release an in-flight one whose owner is gone)")
 		}
 	case "release":
@@ -142,7 +143,7 @@ func (c *Console) actRecord(w http.ResponseWriter, r *http.Request, s session) {
 		switch {
 		case errors.Is(err, ErrChanged), errors.Is(err, idem.ErrInFlight):
 			status = http.StatusConflict
-		case errors.Is(err, idem.ErrNotFound):
+		case errors.Is(err, idemstore.ErrNotFound):
 			status = http.StatusNotFound
 		case err != nil:
 			status = http.StatusServiceUnavailable

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // find returns a key's record id, through the search form.
@@ -119,8 +120,8 @@ func TestActionOnChangedRecord(t *testing.T) {
 			_, page, _ := b.get("/records/" + id + "/delete")
 			form := url.Values{csrfField: {field(t, csrfRE, page)}, "confirm": {field(t, confirmRE, page)}, "fence": {field(t, fenceRE, page)}}
 			ctx := context.Background()
-			in := s.Records.(idem.Inspector)
-			if err := in.Delete(ctx, idem.DeleteParams{Scope: sd.scope, Key: sd.completed[0], Now: time.Now()}); err != nil {
+			in := s.Records.(idemstore.Inspector)
+			if err := in.Delete(ctx, idemstore.DeleteParams{Scope: sd.scope, Key: sd.completed[0], Now: time.Now()}); err != nil {
 				t.Fatal(err)
 			}
 			exec, _ := idem.NewExecutor(s.Records, nil)
@@ -132,7 +133,7 @@ func TestActionOnChangedRecord(t *testing.T) {
 			if code, body, _ := b.post("/records/"+id+"/delete", form); code != http.StatusConflict {
 				t.Fatalf("delete of a record claimed again since = %d, want 409:\n%s", code, body)
 			}
-			if _, err := in.Get(ctx, idem.GetParams{Scope: sd.scope, Key: sd.completed[0], Now: time.Now()}); err != nil {
+			if _, err := in.Get(ctx, idemstore.GetParams{Scope: sd.scope, Key: sd.completed[0], Now: time.Now()}); err != nil {
 				t.Fatalf("the new record was deleted: %v", err)
 			}
 		})

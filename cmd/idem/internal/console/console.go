@@ -40,10 +40,12 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/pgoutbox"
 	"github.com/idemhq/idem/pgstore"
-	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/idemhq/idem/pgstore/pgoutbox"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 	"golang.org/x/time/rate"
 )
 
@@ -81,7 +83,7 @@ type Config struct {
 	Rates func(now time.Time) []metrics.RateSample
 	// Encryption opens sealed responses and recovery points. Nil: they
 	// are shown as encrypted.
-	Encryption *idem.Encryption
+	Encryption *idemcrypt.Encryption
 	// ShowBody shows stored bodies and step data (they may hold personal
 	// data). Defaults to false.
 	ShowBody bool
@@ -185,7 +187,7 @@ func sourceOf(s *backend.Store) (Source, error) {
 		}
 		return newPGSource(ps, s.PG), nil
 	}
-	in, ok := s.Records.(idem.Inspector)
+	in, ok := s.Records.(idemstore.Inspector)
 	if !ok {
 		return nil, fmt.Errorf("console: %s cannot be inspected", s.Where)
 	}

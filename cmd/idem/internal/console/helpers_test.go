@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
@@ -272,15 +273,15 @@ func seed(t *testing.T, s *backend.Store, completed int) seeded {
 		sd.completed = append(sd.completed, key)
 	}
 	claim := func(key string, lease time.Duration) {
-		r, err := s.Records.Claim(ctx, idem.ClaimParams{Scope: sd.scope, Key: key, Fingerprint: "v1:fp", Token: "tok-" + key,
+		r, err := s.Records.Claim(ctx, idemstore.ClaimParams{Scope: sd.scope, Key: key, Fingerprint: "v1:fp", Token: "tok-" + key,
 			Lease: lease, TTL: time.Hour, Now: time.Now()})
-		if err != nil || r.Outcome != idem.ClaimAcquired {
+		if err != nil || r.Outcome != idemstore.ClaimAcquired {
 			t.Fatalf("claim %s: %v %v", key, r.Outcome, err)
 		}
 	}
 	claim(sd.live, time.Hour)
 	claim(sd.gone, time.Millisecond)
-	if _, ok := s.Records.(idem.StepStore); ok {
+	if _, ok := s.Records.(idemstore.StepStore); ok {
 		_, err := exec.Do(ctx, idem.DoParams{Scope: sd.scope, Key: sd.susp, Fingerprint: "v1:fp"}, func(ctx context.Context) (*idem.Response, error) {
 			if _, err := idem.Step(ctx, "first", func(context.Context) ([]byte, error) { return []byte("step-data"), nil }); err != nil {
 				return nil, err
@@ -295,10 +296,10 @@ func seed(t *testing.T, s *backend.Store, completed int) seeded {
 	}
 	// Wait until the console's clock is past the ended lease (the store's
 	// clock set it a millisecond ahead).
-	in := s.Records.(idem.Inspector)
+	in := s.Records.(idemstore.Inspector)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		r, err := in.Get(ctx, idem.GetParams{Scope: sd.scope, Key: sd.gone, Now: time.Now()})
+		r, err := in.Get(ctx, idemstore.GetParams{Scope: sd.scope, Key: sd.gone, Now: time.Now()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -275,9 +277,9 @@ type rowView struct {
 // stateText describes a record's state.
 func stateText(r Row, now time.Time) string {
 	switch {
-	case r.State == idem.StateCompleted && !r.ExpiresAt.After(now):
+	case r.State == idemstore.StateCompleted && !r.ExpiresAt.After(now):
 		return "expired, awaiting cleanup"
-	case r.State == idem.StateCompleted:
+	case r.State == idemstore.StateCompleted:
 		return "completed"
 	case !r.ExpiresAt.After(now):
 		return "expired in flight, awaiting cleanup"
@@ -524,7 +526,7 @@ func (c *Console) load(ctx context.Context, id string) (Row, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, pageTimeout)
 	defer cancel()
 	row, err := c.src.Get(ctx, ref, c.cfg.NowFunc())
-	if errors.Is(err, idem.ErrNotFound) {
+	if errors.Is(err, idemstore.ErrNotFound) {
 		return Row{}, http.StatusNotFound, errors.New("no unexpired record has this id (deleted, released or expired)")
 	}
 	if err != nil {
@@ -543,10 +545,10 @@ func (c *Console) loadFailed(w http.ResponseWriter, r *http.Request, s session, 
 // detail builds a record's page: its response and recovery point opened
 // with the console's keys where it has them.
 func (c *Console) detail(ctx context.Context, id string, row Row, now time.Time) recordData {
-	d := recordData{rowView: c.view(row, now), ID: id, State: stateText(row, now), InFlight: row.State == idem.StateInFlight,
+	d := recordData{rowView: c.view(row, now), ID: id, State: stateText(row, now), InFlight: row.State == idemstore.StateInFlight,
 		FPVersion: row.FingerprintVersion(), Info: c.info, Now: now, TTL: c.cfg.TTL, Derived: c.cfg.DeriveKeyFunc != nil}
 	d.ConsoleID = id
-	d.CanDelete = row.State == idem.StateCompleted
+	d.CanDelete = row.State == idemstore.StateCompleted
 	d.CanRelease = row.leaseEnded(now)
 	d.CanReconcile = c.cfg.ReconcileFunc != nil && row.suspended(now) && row.Scope != ""
 	if row.Response != nil {
@@ -564,7 +566,7 @@ func (c *Console) detail(ctx context.Context, id string, row Row, now time.Time)
 			}
 		}
 	}
-	if row.State == idem.StateInFlight {
+	if row.State == idemstore.StateInFlight {
 		d.Steps, d.StepsNote = c.steps(ctx, row)
 	}
 	return d
@@ -572,7 +574,7 @@ func (c *Console) detail(ctx context.Context, id string, row Row, now time.Time)
 
 // openResponse returns the stored response in clear, or nil and why not.
 func (c *Console) openResponse(ctx context.Context, row Row) (*idem.Response, string) {
-	var none *idem.Encryption // opens exactly the responses stored in clear
+	var none *idemcrypt.Encryption // opens exactly the responses stored in clear
 	if resp, err := none.Open(ctx, row.Scope, row.Key, row.Response); err == nil {
 		return resp, ""
 	}
@@ -592,7 +594,7 @@ func (c *Console) steps(ctx context.Context, row Row) ([]stepView, string) {
 	cp := row.Checkpoint
 	note := ""
 	if len(cp) > 0 {
-		var none *idem.Encryption
+		var none *idemcrypt.Encryption
 		if plain, err := none.OpenCheckpoint(ctx, row.Scope, row.Key, row.Fingerprint, cp); err == nil {
 			cp = plain
 		} else if c.cfg.Encryption == nil {

@@ -3,11 +3,12 @@ package console
 import (
 	"context"
 
-	"github.com/idemhq/idem/pgstore"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemhq/idem/pgstore"
 )
 
 // Each listing is served by the index docs/console.md names, on SQLite

@@ -13,8 +13,9 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
+	"github.com/idemhq/idem/idemcrypt"
 	"github.com/idemhq/idem/outbox"
-	"github.com/idemhq/idem/sqliteoutbox"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 )
 
 // A record's page: its fields and header fields always, its body only
@@ -59,11 +60,11 @@ func TestRecordPage(t *testing.T) {
 func TestEncryptedRecord(t *testing.T) {
 	t.Parallel()
 	s := openStore(t, filepath.Join(t.TempDir(), "r.db"))
-	kr, err := idem.NewKeyring(idem.KeyringKey{ID: "k1", Key: make([]byte, 32)})
+	kr, err := idemcrypt.NewKeyring(idemcrypt.Key{ID: "k1", Key: make([]byte, 32)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	enc, err := idem.NewEncryption(kr, nil)
+	enc, err := idemcrypt.New(kr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

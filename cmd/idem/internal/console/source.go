@@ -5,15 +5,15 @@ import (
 	"errors"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Source is the console's whole view of a records store: what the pages
 // read and the actions change. It is the one seam between the console and
 // the stores: a store feature the console uses (a cursor on
-// idem.Inspector.List, a new record state) changes an adapter behind it,
+// idemstore.Inspector.List, a new record state) changes an adapter behind it,
 // never the pages. The adapters are sqlSource (SQLite, PostgreSQL: keyset
-// pages on their indexes) and inspectorSource (any idem.Inspector: Redis,
+// pages on their indexes) and inspectorSource (any idemstore.Inspector: Redis,
 // Redis Cluster, memory, stores added later).
 //
 // Every method is bounded by its context; times are decided as the store
@@ -35,7 +35,7 @@ type Source interface {
 	// the search was bounded, if it was.
 	Find(ctx context.Context, scope, key string, now time.Time) (rows []Row, note string, err error)
 	// Get returns a record with its stored response or checkpoint (as
-	// stored, possibly sealed), or idem.ErrNotFound.
+	// stored, possibly sealed), or idemstore.ErrNotFound.
 	Get(ctx context.Context, r Ref, now time.Time) (Row, error)
 	// Delete deletes a completed record whose fence is fence (0: not
 	// checked); ErrChanged if it is in flight or another record now.
@@ -143,7 +143,7 @@ type Page struct {
 
 // Row is a record as the console shows it.
 type Row struct {
-	idem.RecordInfo
+	idemstore.RecordInfo
 	// HasCheckpoint reports a recovery point (in flight).
 	HasCheckpoint bool
 	// Owner is a short digest of the owner token of an in-flight record
@@ -161,7 +161,7 @@ func (r Row) Ref() Ref {
 
 // leaseEnded reports whether an in-flight record's lease ended by now.
 func (r Row) leaseEnded(now time.Time) bool {
-	return r.State == idem.StateInFlight && !r.LeaseExpiresAt.After(now)
+	return r.State == idemstore.StateInFlight && !r.LeaseExpiresAt.After(now)
 }
 
 // Suspended reports an in-flight record stopped after a step.

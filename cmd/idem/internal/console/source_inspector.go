@@ -10,18 +10,19 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // inspectorSource is the Source of any store that implements
-// idem.Inspector (Redis, Redis Cluster, memory, and stores added later).
-// idem.Inspector.List has no cursor yet, so a listing reads at most
+// idemstore.Inspector (Redis, Redis Cluster, memory, and stores added later).
+// idemstore.Inspector.List has no cursor yet, so a listing reads at most
 // MaxScan records from the store and filters, sorts and pages those; the
 // pages say so. When List gains a cursor, List and Summary here are what
 // changes.
 type inspectorSource struct {
-	in   idem.Inspector
-	ss   idem.StepStore // nil if the store keeps no recovery points
-	byID idByID         // nil unless the store opens records by id
+	in   idemstore.Inspector
+	ss   idemstore.StepStore // nil if the store keeps no recovery points
+	byID idByID              // nil unless the store opens records by id
 	kind string
 	// idPrefix and idSuffix wrap a RecordID into the store's id
 	// (redisstore: "prefix{" and "}").
@@ -31,7 +32,7 @@ type inspectorSource struct {
 // idByID is implemented by stores that open records by their own id
 // (redisstore).
 type idByID interface {
-	GetByID(ctx context.Context, id string) (idem.RecordInfo, error)
+	GetByID(ctx context.Context, id string) (idemstore.RecordInfo, error)
 	DeleteByID(ctx context.Context, id string, force bool) error
 }
 
@@ -41,9 +42,9 @@ type keyNamer interface {
 	Key(scope, key string) string
 }
 
-func newInspectorSource(in idem.Inspector, kind string) *inspectorSource {
+func newInspectorSource(in idemstore.Inspector, kind string) *inspectorSource {
 	s := &inspectorSource{in: in, kind: kind}
-	s.ss, _ = in.(idem.StepStore)
+	s.ss, _ = in.(idemstore.StepStore)
 	if b, ok := in.(idByID); ok {
 		if n, ok := in.(keyNamer); ok {
 			// The store's id of the empty name shows where the digest goes.
@@ -79,8 +80,26 @@ func (s *inspectorSource) ID(row Row) string {
 }
 
 // scan lists up to MaxScan unexpired records in state st.
-func (s *inspectorSource) scan(ctx context.Context, st idem.RecordState, now time.Time) ([]idem.RecordInfo, error) {
-	return s.in.List(ctx, idem.ListParams{State: st, Limit: MaxScan, Now: now})
+func (s *inspectorSource) scan(ctx context.Context, st idemstore.RecordState, now time.Time) ([]idemstore.RecordInfo, error) {
+	return s.listUpTo(ctx, idemstore.ListParams{State: st, Now: now}, MaxScan)
+}
+
+// listUpTo follows the store's cursor from the first page until it has
+// max records or the walk ends.
+func (s *inspectorSource) listUpTo(ctx context.Context, p idemstore.ListParams, max int) ([]idemstore.RecordInfo, error) {
+	var recs []idemstore.RecordInfo
+	for len(recs) < max {
+		p.Limit = max - len(recs)
+		page, err := s.in.List(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, page.Records...)
+		if p.After = page.Next; p.After == "" {
+			break
+		}
+	}
+	return recs, nil
 }
 
 // Summary implements Source from the first MaxScan in-flight records and
@@ -88,13 +107,13 @@ func (s *inspectorSource) scan(ctx context.Context, st idem.RecordState, now tim
 // hides them, so none are counted.
 func (s *inspectorSource) Summary(ctx context.Context, now time.Time) (Summary, error) {
 	var sum Summary
-	recs, err := s.scan(ctx, idem.StateInFlight, now)
+	recs, err := s.scan(ctx, idemstore.StateInFlight, now)
 	if err != nil {
 		return sum, fmt.Errorf("list in flight: %w", err)
 	}
 	stuck := map[[2]string]bool{}
 	if s.ss != nil {
-		st, err := s.ss.Stuck(ctx, idem.StuckParams{Limit: MaxScan, Now: now})
+		st, err := s.ss.Stuck(ctx, idemstore.StuckParams{Limit: MaxScan, Now: now})
 		if err != nil {
 			return sum, fmt.Errorf("stuck: %w", err)
 		}
@@ -121,14 +140,14 @@ func (s *inspectorSource) Summary(ctx context.Context, now time.Time) (Summary, 
 	return sum, nil
 }
 
-func (s *inspectorSource) row(r idem.RecordInfo, stuck map[[2]string]bool) Row {
+func (s *inspectorSource) row(r idemstore.RecordInfo, stuck map[[2]string]bool) Row {
 	return Row{RecordInfo: r, HasCheckpoint: len(r.Checkpoint) > 0 || stuck[[2]string{r.Scope, r.Key}]}
 }
 
 // Total implements Source with a bounded listing: at least the count, not
 // more (Exact false past MaxScan).
 func (s *inspectorSource) Total(ctx context.Context) (int64, bool, error) {
-	recs, err := s.in.List(ctx, idem.ListParams{Limit: MaxScan, Now: time.Now()})
+	recs, err := s.listUpTo(ctx, idemstore.ListParams{Now: time.Now()}, MaxScan)
 	if err != nil {
 		return 0, false, err
 	}
@@ -144,12 +163,12 @@ func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Pag
 	if q.Scope != "" && s.byID != nil {
 		return Page{}, errBadQuery("this store keeps scopes only hashed: it cannot filter by scope")
 	}
-	st := idem.RecordState(0)
+	st := idemstore.RecordState(0)
 	switch q.State {
 	case StateInFlight, StateSuspended:
-		st = idem.StateInFlight
+		st = idemstore.StateInFlight
 	case StateCompleted:
-		st = idem.StateCompleted
+		st = idemstore.StateCompleted
 	}
 	recs, err := s.scan(ctx, st, now)
 	if err != nil {
@@ -157,7 +176,7 @@ func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Pag
 	}
 	stuck := map[[2]string]bool{}
 	if q.State == StateSuspended && s.ss != nil {
-		sr, err := s.ss.Stuck(ctx, idem.StuckParams{Limit: MaxScan, Now: now})
+		sr, err := s.ss.Stuck(ctx, idemstore.StuckParams{Limit: MaxScan, Now: now})
 		if err != nil {
 			return Page{}, fmt.Errorf("stuck: %w", err)
 		}
@@ -177,7 +196,7 @@ func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Pag
 		rows = append(rows, row)
 	}
 	switch {
-	case st == idem.StateInFlight:
+	case st == idemstore.StateInFlight:
 		slices.SortStableFunc(rows, func(a, b Row) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
 	case !q.Before.IsZero():
 		slices.SortStableFunc(rows, func(a, b Row) int { return a.ExpiresAt.Compare(b.ExpiresAt) })
@@ -207,7 +226,7 @@ func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Pag
 func (s *inspectorSource) Find(ctx context.Context, scope, key string, now time.Time) ([]Row, string, error) {
 	if scope != "" {
 		r, err := s.Get(ctx, Ref{Scope: scope, Key: key}, now)
-		if errors.Is(err, idem.ErrNotFound) {
+		if errors.Is(err, idemstore.ErrNotFound) {
 			return nil, "", nil
 		}
 		if err != nil {
@@ -218,7 +237,7 @@ func (s *inspectorSource) Find(ctx context.Context, scope, key string, now time.
 	if s.byID != nil {
 		return nil, "", errBadQuery("this store keeps keys only hashed: give the scope too (idem serve names it 9:anonymous|POST /api/payments for anonymous clients)")
 	}
-	recs, err := s.in.List(ctx, idem.ListParams{Key: key, Limit: 100, Now: now})
+	recs, err := s.listUpTo(ctx, idemstore.ListParams{Key: key, Now: now}, 100)
 	if err != nil {
 		return nil, "", fmt.Errorf("find: %w", err)
 	}
@@ -232,15 +251,15 @@ func (s *inspectorSource) Find(ctx context.Context, scope, key string, now time.
 // Get implements Source.
 func (s *inspectorSource) Get(ctx context.Context, r Ref, now time.Time) (Row, error) {
 	var (
-		ri  idem.RecordInfo
+		ri  idemstore.RecordInfo
 		err error
 	)
 	if r.named() {
-		ri, err = s.in.Get(ctx, idem.GetParams{Scope: r.Scope, Key: r.Key, Now: now})
+		ri, err = s.in.Get(ctx, idemstore.GetParams{Scope: r.Scope, Key: r.Key, Now: now})
 	} else if s.byID != nil {
 		ri, err = s.byID.GetByID(ctx, r.StoreID)
 	} else {
-		return Row{}, idem.ErrNotFound
+		return Row{}, idemstore.ErrNotFound
 	}
 	if err != nil {
 		return Row{}, err
@@ -264,12 +283,12 @@ func (s *inspectorSource) check(ctx context.Context, r Ref, fence int64, now tim
 // Delete implements Source with the store's atomic Delete (which refuses
 // an in-flight record).
 func (s *inspectorSource) Delete(ctx context.Context, r Ref, fence int64, now time.Time) error {
-	if err := s.check(ctx, r, fence, now, func(row Row) bool { return row.State == idem.StateCompleted }); err != nil {
+	if err := s.check(ctx, r, fence, now, func(row Row) bool { return row.State == idemstore.StateCompleted }); err != nil {
 		return err
 	}
 	var err error
 	if r.named() {
-		err = s.in.Delete(ctx, idem.DeleteParams{Scope: r.Scope, Key: r.Key, Now: now})
+		err = s.in.Delete(ctx, idemstore.DeleteParams{Scope: r.Scope, Key: r.Key, Now: now})
 	} else {
 		err = s.byID.DeleteByID(ctx, r.StoreID, false)
 	}
@@ -289,7 +308,7 @@ func (s *inspectorSource) Release(ctx context.Context, r Ref, fence int64, now t
 		return err
 	}
 	if r.named() {
-		return s.in.Delete(ctx, idem.DeleteParams{Scope: r.Scope, Key: r.Key, Force: true, Now: now})
+		return s.in.Delete(ctx, idemstore.DeleteParams{Scope: r.Scope, Key: r.Key, Force: true, Now: now})
 	}
 	return s.byID.DeleteByID(ctx, r.StoreID, true)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/jackc/pgx/v5"
@@ -35,10 +36,10 @@ type sqlSource struct {
 	d     dialect
 	table string
 	// inspector deletes, through the store's own atomic Delete.
-	inspector idem.Inspector
+	inspector idemstore.Inspector
 	// release releases an in-flight record with its owner token (the
 	// store's fenced Release).
-	release func(ctx context.Context, p idem.ReleaseParams) error
+	release func(ctx context.Context, p idemstore.ReleaseParams) error
 	kind    string
 }
 
@@ -123,9 +124,9 @@ func (s *sqlSource) scanRow(r interface{ Scan(...any) error }, extra ...any) (Ro
 		return row, err
 	}
 	row.ExpiresAt = time.Unix(0, expires.nanos()).UTC()
-	row.State = idem.StateCompleted
+	row.State = idemstore.StateCompleted
 	if inFlight {
-		row.State = idem.StateInFlight
+		row.State = idemstore.StateInFlight
 		row.LeaseExpiresAt = time.Unix(0, lease.nanos()).UTC()
 		row.ResponseSize = 0
 	}
@@ -401,7 +402,7 @@ func (s *sqlSource) scopes(ctx context.Context, limit int) ([]string, error) {
 // checkpoint and a digest of the owner token.
 func (s *sqlSource) Get(ctx context.Context, r Ref, now time.Time) (Row, error) {
 	if !r.named() {
-		return Row{}, idem.ErrNotFound
+		return Row{}, idemstore.ErrNotFound
 	}
 	b := &argList{d: s.d}
 	nowSQL := s.d.now(b, now)
@@ -415,7 +416,7 @@ func (s *sqlSource) Get(ctx context.Context, r Ref, now time.Time) (Row, error) 
 		if err := rs.Err(); err != nil {
 			return Row{}, fmt.Errorf("get: %w", err)
 		}
-		return Row{}, idem.ErrNotFound
+		return Row{}, idemstore.ErrNotFound
 	}
 	var resp, cp []byte
 	var token *string
@@ -423,7 +424,7 @@ func (s *sqlSource) Get(ctx context.Context, r Ref, now time.Time) (Row, error) 
 	if err != nil {
 		return Row{}, fmt.Errorf("get: %w", err)
 	}
-	if row.State == idem.StateCompleted {
+	if row.State == idemstore.StateCompleted {
 		row.ResponseSize = len(resp)
 		row.Response = new(idem.Response)
 		if err := row.Response.UnmarshalBinary(resp); err != nil {
@@ -452,10 +453,10 @@ func (s *sqlSource) Delete(ctx context.Context, r Ref, fence int64, now time.Tim
 	if err != nil {
 		return err
 	}
-	if row.State != idem.StateCompleted || (fence != 0 && row.Fence != fence) {
+	if row.State != idemstore.StateCompleted || (fence != 0 && row.Fence != fence) {
 		return ErrChanged
 	}
-	err = s.inspector.Delete(ctx, idem.DeleteParams{Scope: r.Scope, Key: r.Key, Now: now})
+	err = s.inspector.Delete(ctx, idemstore.DeleteParams{Scope: r.Scope, Key: r.Key, Now: now})
 	if errors.Is(err, idem.ErrInFlight) {
 		return ErrChanged
 	}
@@ -467,7 +468,7 @@ func (s *sqlSource) Delete(ctx context.Context, r Ref, fence int64, now time.Tim
 // meanwhile has another token, and the store then releases nothing.
 func (s *sqlSource) Release(ctx context.Context, r Ref, fence int64, now time.Time) error {
 	if !r.named() {
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	}
 	b := &argList{d: s.d}
 	nowSQL := s.d.now(b, now)
@@ -485,7 +486,7 @@ func (s *sqlSource) Release(ctx context.Context, r Ref, fence int64, now time.Ti
 	case token == nil || !ended || (fence != 0 && got != fence):
 		return ErrChanged
 	}
-	err = s.release(ctx, idem.ReleaseParams{Scope: r.Scope, Key: r.Key, Token: *token, Now: now})
+	err = s.release(ctx, idemstore.ReleaseParams{Scope: r.Scope, Key: r.Key, Token: *token, Now: now})
 	if errors.Is(err, idem.ErrLeaseLost) {
 		return ErrChanged
 	}

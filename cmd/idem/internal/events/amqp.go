@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/idemhq/idem/amqpidem"
+	"github.com/idemhq/idem/idemamqp"
 	"github.com/idemhq/idem/inbox"
 )
 
@@ -22,15 +22,16 @@ func dialAMQP(_ context.Context, rawURL, subject string, logger *slog.Logger) (*
 	exchange, queue := AMQPNames(subject)
 	// Both sides declare the queue: events published before the first
 	// consumer ran are kept, not returned as unroutable.
-	topology := amqpidem.Declare(exchange, queue, subject)
-	dial := amqpidem.Dial(rawURL)
-	pub, err := amqpidem.NewPublisher(dial, amqpidem.PublisherConfig{Exchange: exchange, Topology: topology})
+	topology := idemamqp.Declare(exchange, queue, subject)
+	dial := idemamqp.Dial(rawURL)
+	pub, err := idemamqp.NewPublisher(dial, idemamqp.PublisherConfig{Exchange: exchange, Topology: topology})
 	if err != nil {
 		return nil, err
 	}
 	probe := &amqpProbe{dial: dial}
 	return &Conn{
 		Where:     redact(rawURL),
+		Topic:     subject,
 		Publisher: pub,
 		close:     func() { _ = pub.Close(); probe.close() },
 		ping:      probe.ping,
@@ -39,7 +40,7 @@ func dialAMQP(_ context.Context, rawURL, subject string, logger *slog.Logger) (*
 			// connection, and reconnects when the queue is deleted
 			// (RabbitMQ cancels its consumers), so a queue lost in a
 			// deletion or a broker restart is declared again.
-			return amqpidem.Consume(ctx, dial, queue, in, h, &amqpidem.ConsumeConfig{Topology: topology, Logger: logger,
+			return idemamqp.Consume(ctx, dial, queue, in, h, &idemamqp.ConsumeConfig{Topology: topology, Logger: logger,
 				OnHandled: cfg.OnHandled, OnDropped: cfg.OnDropped})
 		},
 	}, nil

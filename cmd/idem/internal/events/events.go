@@ -1,7 +1,7 @@
 // Package events is the messaging side of the payments demo: the
 // payment.created event `idem serve --events` commits with every payment
 // through a transactional outbox, the broker connections (NATS JetStream,
-// RabbitMQ) its dispatcher publishes to, and the ledger `idem consume`
+// RabbitMQ, Kafka) its dispatcher publishes to, and the ledger `idem consume`
 // books each event into exactly once through an inbox.
 package events
 
@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemhq/idem/idemnats"
 	"github.com/idemhq/idem/inbox"
-	"github.com/idemhq/idem/natsidem"
 	"github.com/idemhq/idem/outbox"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -51,15 +51,26 @@ type Broker string
 
 // The brokers.
 const (
-	NATS Broker = "nats"
-	AMQP Broker = "amqp"
+	NATS  Broker = "nats"
+	AMQP  Broker = "amqp"
+	Kafka Broker = "kafka"
 )
 
-// BrokerOf classifies an --events URL.
+// forms names the --events forms, for errors.
+const forms = "nats://HOST:PORT (JetStream), amqp://USER:PASS@HOST:PORT/ (RabbitMQ) or " + KafkaForm
+
+// BrokerOf classifies an --events URL; a kafka:// URL is also parsed
+// (ParseKafkaURL), so that a bad one is refused before anything starts.
 func BrokerOf(rawURL string) (Broker, error) {
+	if strings.HasPrefix(rawURL, "kafka://") {
+		if _, err := ParseKafkaURL(rawURL); err != nil {
+			return "", err
+		}
+		return Kafka, nil
+	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return "", fmt.Errorf("--events must be a nats:// or amqp:// URL: %v", err)
+		return "", fmt.Errorf("--events must be %s: %v", forms, err)
 	}
 	switch u.Scheme {
 	case "nats", "tls":
@@ -67,7 +78,7 @@ func BrokerOf(rawURL string) (Broker, error) {
 	case "amqp", "amqps":
 		return AMQP, nil
 	}
-	return "", fmt.Errorf("--events must be a nats:// or amqp:// URL, not %q", redact(rawURL))
+	return "", fmt.Errorf("--events must be %s, not %q", forms, redact(rawURL))
 }
 
 // ValidateSubject checks an --events-subject: dot-separated tokens of
@@ -103,6 +114,9 @@ func redact(raw string) string {
 type Conn struct {
 	// Where describes the broker without credentials, for logs.
 	Where string
+	// Topic is where the events go: the subject Dial was given, or, on
+	// Kafka, the URL's topic parameter.
+	Topic string
 	// Publisher publishes outbox messages; it creates the stream or
 	// exchange it needs on first use, so that the service starts (and
 	// takes payments) while the broker is down.
@@ -136,12 +150,13 @@ type ConsumeConfig struct {
 	// another payload) was terminated or rejected, with the reason; it has
 	// been logged.
 	OnDropped func(m inbox.Message, err error)
-	// StartFunc (NATS only) says where a durable consumer that has to be
-	// created starts: the publication time of the oldest message it
-	// delivers, or the zero time for the whole stream. It is called at
-	// start when the consumer does not exist, and whenever the consumer
-	// is re-created because it was deleted or the server lost its
-	// JetStream state. Defaults to the whole stream.
+	// StartFunc (NATS and Kafka) says where a durable consumer that has
+	// to be created starts: the publication time of the oldest message it
+	// delivers, or the zero time for the whole stream. On NATS it is
+	// called at start when the consumer does not exist, and whenever the
+	// consumer is re-created because it was deleted or the server lost
+	// its JetStream state; on Kafka once at start, for the partitions the
+	// group has no committed offset for. Defaults to the whole stream.
 	StartFunc func(ctx context.Context) (time.Time, error)
 }
 
@@ -150,7 +165,8 @@ type ConsumeConfig struct {
 // needs when the broker loses it: the JetStream stream and consumer (a
 // consumer deleted, or a server restarted without its store), the
 // RabbitMQ queue and exchange (deleted, or a broker restarted without
-// them).
+// them), the Kafka topic (deleted, and perhaps created again: the group
+// consumes the new one from its start or StartFunc's time).
 func (c *Conn) Consume(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
 	if cfg == nil {
 		cfg = &ConsumeConfig{}
@@ -165,8 +181,11 @@ func Dial(ctx context.Context, rawURL, subject string, logger *slog.Logger) (*Co
 	if err != nil {
 		return nil, err
 	}
-	if b == AMQP {
+	switch b {
+	case AMQP:
 		return dialAMQP(ctx, rawURL, subject, logger)
+	case Kafka:
+		return dialKafka(rawURL, subject, logger)
 	}
 	return dialNATS(rawURL, subject, logger)
 }
@@ -198,17 +217,18 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 	}
 	var conn *Conn
 	p := &ensuring{
-		ensure: func(ctx context.Context) error { _, err := natsidem.EnsureStream(ctx, js, subject); return err },
-		pub:    natsidem.NewPublisher(js),
+		ensure: func(ctx context.Context) error { _, err := idemnats.EnsureStream(ctx, js, subject); return err },
+		pub:    idemnats.NewPublisher(js),
 	}
 	conn = &Conn{
 		Where:     redact(rawURL),
+		Topic:     subject,
 		Publisher: p,
 		close:     nc.Close,
 		ping:      natsPing(nc, js, last),
 		consume: func(ctx context.Context, in *inbox.Inbox, h inbox.Handler, cfg *ConsumeConfig) error {
 			ensure := func(ctx context.Context) (jetstream.Consumer, error) {
-				return natsidem.EnsureConsumerConfig(ctx, js, subject, &natsidem.ConsumerConfig{AckWait: conn.AckWait, StartFunc: cfg.StartFunc})
+				return idemnats.EnsureConsumerConfig(ctx, js, subject, &idemnats.ConsumerConfig{AckWait: conn.AckWait, StartFunc: cfg.StartFunc})
 			}
 			var cons jetstream.Consumer
 			for {
@@ -223,7 +243,7 @@ func dialNATS(rawURL, subject string, logger *slog.Logger) (*Conn, error) {
 					return nil
 				}
 			}
-			return natsidem.Consume(ctx, cons, in, h, &natsidem.ConsumeConfig{Logger: logger, OnHandled: cfg.OnHandled,
+			return idemnats.Consume(ctx, cons, in, h, &idemnats.ConsumeConfig{Logger: logger, OnHandled: cfg.OnHandled,
 				OnDropped: cfg.OnDropped, ConsumerFunc: ensure})
 		},
 	}
@@ -273,7 +293,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// Event returns the outbox message of a payment's event.
+// Event returns the outbox message of a payment's event. Its key is the
+// payment id: a payment's events stay in order (the outbox publishes them
+// one after another; Kafka keeps them on one partition), while different
+// payments spread evenly over the partitions (a tenant key would put a
+// large tenant's whole traffic on one).
 func Event(subject string, e PaymentCreated) (outbox.Message, error) {
 	e.Type = TypePaymentCreated
 	b, err := json.Marshal(e)
@@ -283,6 +307,7 @@ func Event(subject string, e PaymentCreated) (outbox.Message, error) {
 	return outbox.Message{
 		ID:      MessageID(e.PaymentID),
 		Topic:   subject,
+		Key:     e.PaymentID,
 		Payload: b,
 		Headers: map[string]string{"Content-Type": "application/json", "Event-Type": TypePaymentCreated},
 	}, nil

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemhq/idem/natsidem"
+	"github.com/idemhq/idem/idemnats"
 	"github.com/idemhq/idem/outbox"
 )
 
@@ -14,6 +14,7 @@ func TestBrokerOf(t *testing.T) {
 	for url, want := range map[string]Broker{
 		"nats://127.0.0.1:4222": NATS, "tls://h:4222": NATS,
 		"amqp://guest:guest@127.0.0.1:5672/": AMQP, "amqps://h/vhost": AMQP,
+		"kafka://127.0.0.1:9092": Kafka, "kafka://a:1,b:2?topic=t": Kafka, "kafka://h:9092?bogus=1": "",
 		"http://x": "", "127.0.0.1:4222": "", "": "",
 	} {
 		got, err := BrokerOf(url)
@@ -23,6 +24,10 @@ func TestBrokerOf(t *testing.T) {
 	}
 	if _, err := BrokerOf("ftp://user:secret@h"); err == nil || strings.Contains(err.Error(), "secret") {
 		t.Errorf("error %v must not show the password", err)
+	}
+	// A bad URL names every supported form.
+	if _, err := BrokerOf("redis://h"); err == nil || !strings.Contains(err.Error(), "nats://") || !strings.Contains(err.Error(), "amqp://") || !strings.Contains(err.Error(), "kafka://") {
+		t.Errorf("error %v must name the nats://, amqp:// and kafka:// forms", err)
 	}
 }
 
@@ -39,7 +44,7 @@ func TestEventMessage(t *testing.T) {
 	if err := json.Unmarshal(m.Payload, &e); err != nil {
 		t.Fatal(err)
 	}
-	if m.ID != "payment.created:pay_1" || m.Topic != DefaultSubject || e["type"] != "payment.created" || e["paymentId"] != "pay_1" ||
+	if m.ID != "payment.created:pay_1" || m.Topic != DefaultSubject || m.Key != "pay_1" || e["type"] != "payment.created" || e["paymentId"] != "pay_1" ||
 		e["tenant"] != "t_1" || e["amountCents"] != 100.0 || e["currency"] != "USD" || e["reference"] != "r" {
 		t.Fatalf("event %+v %v", m, e)
 	}
@@ -58,11 +63,11 @@ func FuzzValidateSubject(f *testing.F) {
 		if err := outbox.Validate(outbox.Message{ID: "x", Topic: s}); err != nil {
 			t.Fatalf("accepted subject %q is not a topic: %v", s, err)
 		}
-		stream, filter := natsidem.StreamFor(s)
+		stream, filter := idemnats.StreamFor(s)
 		if stream == "" || strings.ContainsAny(stream, ". *>") || !strings.HasSuffix(filter, ".>") {
 			t.Fatalf("subject %q: stream %q for %q", s, stream, filter)
 		}
-		if c := natsidem.ConsumerFor(s); c == "" || strings.ContainsAny(c, ". *>") {
+		if c := idemnats.ConsumerFor(s); c == "" || strings.ContainsAny(c, ". *>") {
 			t.Fatalf("subject %q: consumer %q", s, c)
 		}
 		if ex, q := AMQPNames(s); ex == "" || q != s {

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemhq/idem/amqpidem"
+	"github.com/idemhq/idem/idemamqp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -97,7 +97,7 @@ func natsPing(nc *nats.Conn, js jetstream.JetStream, last *lastError) func(conte
 // connection, dialled on first use and again after it is lost, never more
 // than one at a time.
 type amqpProbe struct {
-	dial amqpidem.DialFunc
+	dial idemamqp.DialFunc
 
 	mu     sync.Mutex
 	conn   *amqp.Connection

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/canonjson"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
 	"github.com/idemhq/idem/inbox"
 )
@@ -56,7 +56,7 @@ func ParsePaymentCreated(id string, payload []byte) (PaymentCreated, error) {
 	if len(payload) > MaxEventBytes {
 		return refuse("the payload is %d bytes, more than %d", len(payload), MaxEventBytes)
 	}
-	if _, err := idem.AppendCanonicalJSON(nil, payload); err != nil {
+	if _, err := canonjson.Append(nil, payload); err != nil {
 		why := strings.TrimPrefix(err.Error(), "idem: ")
 		if len(why) > 120 { // a duplicate member name is quoted: bound it
 			why = strings.ToValidUTF8(why[:120], "") + "..."

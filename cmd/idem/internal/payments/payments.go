@@ -32,6 +32,7 @@ import (
 
 	"github.com/bojanz/currency"
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/canonjson"
 )
 
 // Payment is a stored payment.
@@ -164,7 +165,7 @@ func Validate(body []byte) (normalised, *idem.Problem) {
 func validateStrict(body []byte) (normalised, *idem.Problem) {
 	// The strict JSON rules of the core (valid UTF-8, no duplicate member
 	// names) apply here too: this hook replaces its fingerprint.
-	if _, err := idem.AppendCanonicalJSON(nil, body); err != nil {
+	if _, err := canonjson.Append(nil, body); err != nil {
 		if len(strings.TrimSpace(string(body))) == 0 {
 			return normalised{}, invalid(map[string][]string{"body": {"is empty; send a JSON object"}})
 		}
@@ -181,7 +182,7 @@ func validateStrict(body []byte) (normalised, *idem.Problem) {
 		}
 	}
 	f := checkFields(fields, errs)
-	n := normalised{AmountCents: f.AmountCents, Currency: f.Currency, Reference: f.Reference}
+	n := normalised(f)
 	if len(errs) > 0 {
 		return normalised{}, invalid(errs)
 	}
@@ -220,7 +221,7 @@ func checkFields(fields map[string]json.RawMessage, errs map[string][]string) Fi
 		// Any spelling of a whole number is accepted (2599, 2599.0,
 		// 2.599e3), as the fingerprint treats them as one value: its
 		// canonical form is then plain digits.
-		canon, _ := idem.AppendCanonicalJSON(nil, raw)
+		canon, _ := canonjson.Append(nil, raw)
 		amount, err := strconv.ParseInt(string(canon), 10, 64)
 		isNumber := len(canon) > 0 && (canon[0] == '-' || (canon[0] >= '0' && canon[0] <= '9'))
 		switch {

@@ -29,6 +29,8 @@ var stepColumns = []column{
 	{"status", "text", "TEXT"},
 	{"charge_id", "text", "TEXT"},
 	{"provider_key", "text", "TEXT"},
+	{"failure_code", "text", "TEXT"},
+	{"failure_reason", "text", "TEXT"},
 }
 
 // tableColumn is a column the database reports for the existing table.

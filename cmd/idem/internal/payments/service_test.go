@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/sqlitestore"
@@ -22,7 +23,7 @@ import (
 
 // newServer serves POST /api/payments as idem serve does: the service
 // behind the middleware on store.
-func newServer(t *testing.T, store idem.Store, repo Repo) *httptest.Server {
+func newServer(t *testing.T, store idemstore.Store, repo Repo) *httptest.Server {
 	t.Helper()
 	mw, err := idem.NewMiddleware(store, &idem.Config{TenantFunc: Tenant, FingerprintFunc: Fingerprint, MaxRequestBody: MaxBody})
 	if err != nil {

@@ -6,18 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/idemhq/idem"
-	"github.com/idemhq/idem/idemclient"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // StepPayment is a payment made through a provider (idem serve
@@ -29,10 +27,15 @@ type StepPayment struct {
 	Currency    string    `json:"currency"`
 	Reference   string    `json:"reference"`
 	CreatedAt   time.Time `json:"createdAt"`
-	// Status is "pending" until the provider charged it, then "captured".
+	// Status is "pending" until the provider answered, then "captured"
+	// or, if the provider declined the charge, "failed".
 	Status string `json:"status,omitempty"`
 	// ChargeID is the provider's charge id, once captured.
 	ChargeID string `json:"chargeId,omitempty"`
+	// FailureCode and FailureReason are the provider's code (such as
+	// card_declined) and explanation of a failed payment.
+	FailureCode   string `json:"failureCode,omitempty"`
+	FailureReason string `json:"failureReason,omitempty"`
 	// ProviderKey is the Idempotency-Key sent to the provider (derived
 	// from the client's key): the correlation between both keys. GET
 	// shows it; the POST answer does not.
@@ -57,11 +60,28 @@ type StepRepo interface {
 	InsertPending(ctx context.Context, p StepPayment) (StepPayment, error)
 	// Capture marks payment id captured with the provider's charge id.
 	Capture(ctx context.Context, id, chargeID string) error
+	// Fail marks payment id failed with the provider's code and reason,
+	// through the execution's transaction.
+	Fail(ctx context.Context, id, code, reason string) error
 	// GetStep returns the tenant's payment id with its provider fields.
 	GetStep(ctx context.Context, tenant, id string) (StepPayment, error)
-	// Counts returns the number of payments and of captured ones.
-	Counts(ctx context.Context) (all, captured int64, err error)
+	// Counts returns the number of payments, of captured ones and of
+	// failed ones.
+	Counts(ctx context.Context) (StepCounts, error)
 }
+
+// StepCounts are the payment counts of GET /api/payments/count in
+// provider mode.
+type StepCounts struct {
+	All, Captured, Failed int64
+}
+
+// Payment statuses in provider mode.
+const (
+	StatusPending  = "pending"
+	StatusCaptured = "captured"
+	StatusFailed   = "failed"
+)
 
 // Step names, which also name the derived keys.
 const (
@@ -78,6 +98,10 @@ var StepNames = []string{stepPayment, stepCharge}
 // pending and a retry with the same key resumes it.
 const CodeStepIncomplete = "idempotency.step_incomplete"
 
+// CodeDeclined is the problem code of the 402 for a payment the provider
+// declined: the payment failed, and the answer is stored and replayed.
+const CodeDeclined = "payment.declined"
+
 // DefaultProviderBudget is how long one request keeps retrying the
 // provider by default.
 const DefaultProviderBudget = 10 * time.Second
@@ -85,14 +109,21 @@ const DefaultProviderBudget = 10 * time.Second
 // ProviderService serves POST /api/payments in three steps: (1) the
 // payment row is inserted as pending with a recovery point; (2) the
 // provider is charged with the key derived for step "charge", retried with
-// that key on connection errors, 409, 429 and 5xx within Budget; (3) the
-// payment is captured and the response stored, in one transaction.
+// that key on the answers answer.go calls retryable within Budget; (3) the
+// payment is captured and the response stored, in one transaction. A
+// provider's final refusal instead marks the payment failed and stores a
+// 402 payment.declined, in one transaction.
 type ProviderService struct {
 	Repo StepRepo
 	// URL is the provider's base URL (http://host:port).
 	URL string
-	// Client calls the provider. Defaults to an idemclient client.
+	// Client calls the provider for a client's request. Defaults to
+	// NewProviderClient(DefaultRequestAttempts).
 	Client *http.Client
+	// ReconcileClient calls the provider for the reconciler, which sends
+	// one round of attempts per payment and pass: the next pass is its
+	// next retry. Defaults to NewProviderClient(DefaultReconcileAttempts).
+	ReconcileClient *http.Client
 	// Budget bounds the provider step of one attempt. Defaults to
 	// DefaultProviderBudget.
 	Budget time.Duration
@@ -103,35 +134,10 @@ type ProviderService struct {
 	// docs/development.md): payment-written, after-payment, after-charge,
 	// after-charge-recorded, after-capture.
 	CrashAt string
-	Logger  *slog.Logger
-}
-
-// providerAttempt is the per-call state idemclient's AttemptFunc reports
-// to, found through the request's context.
-type providerAttempt struct{ unknown bool }
-
-type attemptKey struct{}
-
-// NewProviderClient returns the HTTP client the service calls the provider
-// with: idemclient (the key comes from the context, see
-// idemclient.WithDerivedKey) retrying connection errors, 409 with
-// Retry-After, 429, 502, 503 and 504 with jittered back-off.
-func NewProviderClient() (*http.Client, error) {
-	return idemclient.NewClient(&idemclient.Config{
-		MaxAttempts: 1000, // the context's deadline (the budget) bounds retries
-		MaxElapsed:  time.Hour,
-		BackoffBase: 20 * time.Millisecond,
-		BackoffCap:  500 * time.Millisecond,
-		AttemptFunc: func(req *http.Request, a idemclient.Attempt) {
-			var op *net.OpError
-			if st, ok := req.Context().Value(attemptKey{}).(*providerAttempt); ok && a.Err != nil &&
-				!(errors.As(a.Err, &op) && op.Op == "dial") {
-				// Maybe sent, and no answer: the charge may have happened.
-				// (A refused connection sent nothing.)
-				st.unknown = true
-			}
-		},
-	})
+	// Observer, if set, is told about every provider attempt and charge
+	// outcome (idem serve's /metrics).
+	Observer ChargeObserver
+	Logger   *slog.Logger
 }
 
 func (s *ProviderService) crash(point string) {
@@ -182,16 +188,24 @@ func (s *ProviderService) Create(w http.ResponseWriter, r *http.Request) {
 
 // Run runs (or resumes) the three steps for req inside an idempotent
 // execution and returns the response to store: 201 with the captured
-// payment, or a 503 problem (the outcome policy then leaves the record in
-// flight at its last recovery point).
+// payment, 402 payment.declined for a payment the provider declined, or a
+// 503 problem (the outcome policy then leaves the record in flight at its
+// last recovery point).
 func (s *ProviderService) Run(ctx context.Context, req StepPayment) *idem.Response {
+	return s.run(ctx, req, false)
+}
+
+// run is Run; reconcile tells that the reconciler resumes the payment,
+// which then makes one round of provider attempts instead of retrying for
+// the whole budget.
+func (s *ProviderService) run(ctx context.Context, req StepPayment, reconcile bool) *idem.Response {
 	data, err := idem.Step(ctx, stepPayment, func(ctx context.Context) ([]byte, error) {
 		pk, err := idem.DeriveKey(ctx, stepCharge)
 		if err != nil {
 			return nil, err
 		}
 		p := req
-		p.ID, p.Status, p.ProviderKey = newID(), "pending", pk
+		p.ID, p.Status, p.ProviderKey = newID(), StatusPending, pk
 		p.CreatedAt = s.now().UTC().Truncate(time.Microsecond)
 		if p, err = s.Repo.InsertPending(ctx, p); err != nil {
 			return nil, err
@@ -211,15 +225,36 @@ func (s *ProviderService) Run(ctx context.Context, req StepPayment) *idem.Respon
 		s.logger().Error("the payment step's recovery point is unreadable", keyAttr(ctx), "error", err)
 		return problemResponse(http.StatusInternalServerError, "payment.internal", "Internal error", "", 0)
 	}
+	// A payment the table already holds as finished (its record expired,
+	// and the key came back) is answered from the table: the provider is
+	// never asked again.
+	switch p.Status {
+	case StatusCaptured:
+		return capturedResponse(p)
+	case StatusFailed:
+		return declinedResponse(p, &DeclineError{Code: p.FailureCode, Reason: p.FailureReason})
+	}
+	var declined *DeclineError
 	charge, err := idem.Step(ctx, stepCharge, func(ctx context.Context) ([]byte, error) {
-		id, err := s.charge(ctx, p)
+		id, err := s.charge(ctx, p, reconcile)
 		if err != nil {
 			return nil, err
 		}
 		s.crash("after-charge")
 		return []byte(id), nil
 	})
-	if err != nil {
+	switch {
+	case errors.As(err, &declined):
+		// Final: the payment fails, in the transaction that stores the
+		// 402, so that every retry replays it and nothing charges it
+		// again.
+		if err := s.Repo.Fail(ctx, p.ID, declined.Code, declined.Reason); err != nil {
+			s.logger().Warn("recording the declined payment failed", "payment", p.ID, keyAttr(ctx), "error", err)
+			return problemResponse(http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.", 1)
+		}
+		p.Status, p.FailureCode, p.FailureReason = StatusFailed, declined.Code, declined.Reason
+		return declinedResponse(p, declined)
+	case err != nil:
 		s.logger().Warn("provider step incomplete; the payment stays pending", "payment", p.ID, keyAttr(ctx), "error", err)
 		return problemResponse(http.StatusServiceUnavailable, CodeStepIncomplete, "The payment is not complete yet",
 			"The provider could not be charged in time. The payment is pending; retry with the same Idempotency-Key to resume it.", 1)
@@ -230,7 +265,14 @@ func (s *ProviderService) Run(ctx context.Context, req StepPayment) *idem.Respon
 		s.logger().Warn("capture failed", "payment", p.ID, keyAttr(ctx), "error", err)
 		return problemResponse(http.StatusServiceUnavailable, "payment.unavailable", "The payment could not be stored", "Retry with the same Idempotency-Key.", 1)
 	}
-	p.Status, p.ChargeID, p.ProviderKey = "captured", string(charge), ""
+	p.Status, p.ChargeID = StatusCaptured, string(charge)
+	return capturedResponse(p)
+}
+
+// capturedResponse is the 201 of a captured payment. The provider key is
+// shown by GET only.
+func capturedResponse(p StepPayment) *idem.Response {
+	p.ProviderKey = ""
 	var body bytes.Buffer
 	_ = json.NewEncoder(&body).Encode(p)
 	return &idem.Response{StatusCode: http.StatusCreated, Body: body.Bytes(), Header: http.Header{
@@ -239,83 +281,27 @@ func (s *ProviderService) Run(ctx context.Context, req StepPayment) *idem.Respon
 	}}
 }
 
-// charge calls the provider until it answers 201 or the budget ends. The
-// error wraps idem.ErrOutcomeUnknown when some attempt went unanswered.
-func (s *ProviderService) charge(ctx context.Context, p StepPayment) (string, error) {
-	budget := s.Budget
-	if budget <= 0 {
-		budget = DefaultProviderBudget
+// declinedResponse is the 402 payment.declined of a payment the provider
+// refused, with the provider's status (when known), code and reason, and
+// the payment's id for GET.
+func declinedResponse(p StepPayment, d *DeclineError) *idem.Response {
+	doc := map[string]any{
+		"type":   problemType,
+		"title":  "The payment was declined",
+		"status": http.StatusPaymentRequired,
+		"detail": "The provider declined the charge: " + strings.TrimRight(d.Reason, ".") + ". Nothing was charged and the payment failed; " +
+			"a retry with this Idempotency-Key gets this answer again.",
+		"code":         CodeDeclined,
+		"paymentId":    p.ID,
+		"providerCode": d.Code,
 	}
-	ctx, cancel := context.WithTimeout(ctx, budget)
-	defer cancel()
-	ctx, err := idemclient.WithDerivedKey(ctx, stepCharge)
-	if err != nil {
-		return "", err
+	if d.Status != 0 {
+		doc["providerStatus"] = d.Status
 	}
-	st := &providerAttempt{}
-	ctx = context.WithValue(ctx, attemptKey{}, st)
-	body, _ := json.Marshal(map[string]any{"amountCents": p.AmountCents, "currency": p.Currency, "reference": p.Reference})
-	var last error
-	for n := 0; ; n++ {
-		id, retry, err := s.chargeOnce(ctx, body)
-		if err == nil {
-			return id, nil
-		}
-		last = err
-		if !retry {
-			break
-		}
-		// What idemclient does not retry itself (500, 409 without
-		// Retry-After) is retried here, with jitter.
-		d := time.Duration(mrand.Int64N(int64(min(20*time.Millisecond<<min(n, 5), 500*time.Millisecond)) + 1))
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			last = errors.Join(last, ctx.Err())
-			retry = false
-		case <-t.C:
-		}
-		if !retry {
-			break
-		}
-	}
-	if st.unknown {
-		return "", fmt.Errorf("provider: %w: %w", idem.ErrOutcomeUnknown, last)
-	}
-	return "", fmt.Errorf("provider: %w", last)
-}
-
-// chargeOnce sends one charge (with idemclient's own retries) and says
-// whether another try may help.
-func (s *ProviderService) chargeOnce(ctx context.Context, body []byte) (string, bool, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/v1/charges", bytes.NewReader(body))
-	if err != nil {
-		return "", false, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.Client.Do(req)
-	if err != nil {
-		return "", ctx.Err() == nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return "", true, err
-	}
-	switch {
-	case resp.StatusCode == http.StatusCreated:
-		var c struct {
-			ID string `json:"id"`
-		}
-		if err := json.Unmarshal(raw, &c); err != nil || c.ID == "" {
-			return "", false, fmt.Errorf("provider answered 201 without a charge id")
-		}
-		return c.ID, false, nil
-	case resp.StatusCode == http.StatusConflict, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode >= 500:
-		return "", true, fmt.Errorf("provider answered %d", resp.StatusCode)
-	}
-	return "", false, fmt.Errorf("provider refused the charge: %d %s", resp.StatusCode, bytes.TrimSpace(raw))
+	body, _ := json.Marshal(doc)
+	return &idem.Response{StatusCode: http.StatusPaymentRequired, Body: append(body, '\n'), Header: http.Header{
+		"Content-Type": {"application/problem+json"},
+	}}
 }
 
 func (s *ProviderService) now() time.Time {
@@ -325,11 +311,14 @@ func (s *ProviderService) now() time.Time {
 	return time.Now()
 }
 
+// problemType is the type of the demo's problems.
+const problemType = "https://github.com/idemhq/idem/blob/main/docs/payments.md#errors"
+
 // problemResponse is a problem+json response, as idem.WriteProblem would
 // write it, for an operation that returns its response.
 func problemResponse(status int, code, title, detail string, retryAfter int) *idem.Response {
 	body, _ := json.Marshal(map[string]any{
-		"type":   "https://github.com/idemhq/idem/blob/main/docs/payments.md#errors",
+		"type":   problemType,
 		"title":  title,
 		"status": status,
 		"detail": detail,
@@ -365,21 +354,21 @@ func (s *ProviderService) GetStep(w http.ResponseWriter, r *http.Request) {
 }
 
 // Count handles GET /api/payments/count in provider mode:
-// {"count":N,"captured":M}.
+// {"count":N,"captured":M,"failed":F}.
 func (s *ProviderService) Count(w http.ResponseWriter, r *http.Request) {
-	all, captured, err := s.Repo.Counts(r.Context())
+	c, err := s.Repo.Counts(r.Context())
 	if err != nil {
 		logFailure(r.Context(), s.Logger, r, http.StatusServiceUnavailable, "payment.unavailable", err)
 		writeProblem(w, http.StatusServiceUnavailable, "payment.unavailable", "Payments are unavailable", "")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, "{\"count\":%d,\"captured\":%d}\n", all, captured)
+	fmt.Fprintf(w, "{\"count\":%d,\"captured\":%d,\"failed\":%d}\n", c.All, c.Captured, c.Failed)
 }
 
 // Resume is the reconciler's resume function for Executor.Reconcile: it
 // rebuilds the operation of a stuck payment from its recovery point.
-func (s *ProviderService) Resume(_ context.Context, rec idem.StuckRecord) (idem.Operation, error) {
+func (s *ProviderService) Resume(_ context.Context, rec idemstore.StuckRecord) (idem.Operation, error) {
 	steps, err := idem.ParseCheckpoint(rec.Checkpoint)
 	if err != nil {
 		return nil, err
@@ -390,7 +379,7 @@ func (s *ProviderService) Resume(_ context.Context, rec idem.StuckRecord) (idem.
 			if err := json.Unmarshal(st.Data, &p); err != nil {
 				return nil, err
 			}
-			return func(ctx context.Context) (*idem.Response, error) { return s.Run(ctx, p), nil }, nil
+			return func(ctx context.Context) (*idem.Response, error) { return s.run(ctx, p, true), nil }, nil
 		}
 	}
 	return nil, errors.New("payments: the stuck record has no payment step")

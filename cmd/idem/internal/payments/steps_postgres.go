@@ -25,6 +25,8 @@ func (r PostgresRepo) MigrateSteps(ctx context.Context) ([]byte, error) {
 			`ALTER TABLE payments ADD COLUMN IF NOT EXISTS status TEXT`,
 			`ALTER TABLE payments ADD COLUMN IF NOT EXISTS charge_id TEXT`,
 			`ALTER TABLE payments ADD COLUMN IF NOT EXISTS provider_key TEXT`,
+			`ALTER TABLE payments ADD COLUMN IF NOT EXISTS failure_code TEXT`,
+			`ALTER TABLE payments ADD COLUMN IF NOT EXISTS failure_reason TEXT`,
 			`CREATE TABLE IF NOT EXISTS payments_secret (id INTEGER PRIMARY KEY CHECK (id = 1), secret BYTEA NOT NULL)`,
 		} {
 			if _, err := tx.Exec(ctx, s); err != nil {
@@ -84,23 +86,41 @@ func (r PostgresRepo) Capture(ctx context.Context, id, chargeID string) error {
 	return nil
 }
 
+// Fail implements StepRepo, through the execution's transaction.
+func (r PostgresRepo) Fail(ctx context.Context, id, code, reason string) error {
+	tx, err := pgstore.Tx(ctx)
+	if err != nil {
+		return fmt.Errorf("payments: fail: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE payments SET status = 'failed', failure_code = $1, failure_reason = $2 WHERE id = $3`, code, reason, id); err != nil {
+		return fmt.Errorf("payments: fail: %w", err)
+	}
+	return nil
+}
+
 // GetStep implements StepRepo.
 func (r PostgresRepo) GetStep(ctx context.Context, tenant, id string) (StepPayment, error) {
 	return scanStepPostgres(r.Pool.QueryRow(ctx, selectStepPostgres+` WHERE tenant = $1 AND id = $2`, tenant, id))
 }
 
 // Counts implements StepRepo.
-func (r PostgresRepo) Counts(ctx context.Context) (all, captured int64, err error) {
-	err = r.Pool.QueryRow(ctx, `SELECT COUNT(*), COUNT(*) FILTER (WHERE status = 'captured') FROM payments`).Scan(&all, &captured)
-	return all, captured, err
+func (r PostgresRepo) Counts(ctx context.Context) (StepCounts, error) {
+	var c StepCounts
+	err := r.Pool.QueryRow(ctx, `SELECT COUNT(*), COUNT(*) FILTER (WHERE status = 'captured'),
+		COUNT(*) FILTER (WHERE status = 'failed') FROM payments`).Scan(&c.All, &c.Captured, &c.Failed)
+	return c, err
 }
 
+var _ StepRepo = PostgresRepo{}
+
 const selectStepPostgres = `SELECT id, amount_cents, currency, reference, created_at,
-	COALESCE(status, ''), COALESCE(charge_id, ''), COALESCE(provider_key, '') FROM payments`
+	COALESCE(status, ''), COALESCE(charge_id, ''), COALESCE(provider_key, ''),
+	COALESCE(failure_code, ''), COALESCE(failure_reason, '') FROM payments`
 
 func scanStepPostgres(row pgx.Row) (StepPayment, error) {
 	var p StepPayment
-	if err := row.Scan(&p.ID, &p.AmountCents, &p.Currency, &p.Reference, &p.CreatedAt, &p.Status, &p.ChargeID, &p.ProviderKey); err != nil {
+	if err := row.Scan(&p.ID, &p.AmountCents, &p.Currency, &p.Reference, &p.CreatedAt, &p.Status, &p.ChargeID, &p.ProviderKey,
+		&p.FailureCode, &p.FailureReason); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return p, ErrNotFound
 		}

@@ -20,19 +20,28 @@ func (r SQLiteRepo) MigrateSteps(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("payments: migrate steps: %w", err)
 	}
 	defer tx.Rollback()
-	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info('payments') WHERE name = 'status'`).Scan(&n); err != nil {
-		return nil, fmt.Errorf("payments: migrate steps: %w", err)
+	// Columns are added in groups (a file migrated by an earlier version
+	// has the first group only), each group once.
+	var stmts []string
+	for _, g := range []struct {
+		probe string
+		add   []string
+	}{
+		{"status", []string{`status TEXT`, `charge_id TEXT`, `provider_key TEXT`}},
+		{"failure_code", []string{`failure_code TEXT`, `failure_reason TEXT`}},
+	} {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info('payments') WHERE name = ?`, g.probe).Scan(&n); err != nil {
+			return nil, fmt.Errorf("payments: migrate steps: %w", err)
+		}
+		for _, c := range g.add {
+			if n == 0 {
+				stmts = append(stmts, `ALTER TABLE payments ADD COLUMN `+c)
+			}
+		}
 	}
-	stmts := []string{`CREATE TABLE IF NOT EXISTS payments_secret (id INTEGER PRIMARY KEY CHECK (id = 1), secret BLOB NOT NULL)`,
-		`INSERT OR IGNORE INTO payments_secret (id, secret) VALUES (1, ?)`}
-	if n == 0 {
-		stmts = append([]string{
-			`ALTER TABLE payments ADD COLUMN status TEXT`,
-			`ALTER TABLE payments ADD COLUMN charge_id TEXT`,
-			`ALTER TABLE payments ADD COLUMN provider_key TEXT`,
-		}, stmts...)
-	}
+	stmts = append(stmts, `CREATE TABLE IF NOT EXISTS payments_secret (id INTEGER PRIMARY KEY CHECK (id = 1), secret BLOB NOT NULL)`,
+		`INSERT OR IGNORE INTO payments_secret (id, secret) VALUES (1, ?)`)
 	fresh := make([]byte, 32)
 	_, _ = rand.Read(fresh)
 	for _, s := range stmts {
@@ -92,25 +101,43 @@ func (r SQLiteRepo) Capture(ctx context.Context, id, chargeID string) error {
 	return nil
 }
 
+// Fail implements StepRepo, through the execution's transaction.
+func (r SQLiteRepo) Fail(ctx context.Context, id, code, reason string) error {
+	tx, err := sqlitestore.Tx(ctx)
+	if err != nil {
+		return fmt.Errorf("payments: fail: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE payments SET status = 'failed', failure_code = ?, failure_reason = ? WHERE id = ?`, code, reason, id); err != nil {
+		return fmt.Errorf("payments: fail: %w", err)
+	}
+	return nil
+}
+
 // GetStep implements StepRepo.
 func (r SQLiteRepo) GetStep(ctx context.Context, tenant, id string) (StepPayment, error) {
 	return scanStepSQLite(r.Store.ReadDB().QueryRowContext(ctx, selectStepSQLite+` WHERE tenant = ? AND id = ?`, tenant, id))
 }
 
 // Counts implements StepRepo.
-func (r SQLiteRepo) Counts(ctx context.Context) (all, captured int64, err error) {
-	err = r.Store.ReadDB().QueryRowContext(ctx,
-		`SELECT COUNT(*), COALESCE(SUM(CASE WHEN status = 'captured' THEN 1 ELSE 0 END), 0) FROM payments`).Scan(&all, &captured)
-	return all, captured, err
+func (r SQLiteRepo) Counts(ctx context.Context) (StepCounts, error) {
+	var c StepCounts
+	err := r.Store.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*),
+		COALESCE(SUM(CASE WHEN status = 'captured' THEN 1 ELSE 0 END), 0),
+		COALESCE(SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END), 0) FROM payments`).Scan(&c.All, &c.Captured, &c.Failed)
+	return c, err
 }
 
+var _ StepRepo = SQLiteRepo{}
+
 const selectStepSQLite = `SELECT id, amount_cents, currency, reference, created_at,
-	COALESCE(status, ''), COALESCE(charge_id, ''), COALESCE(provider_key, '') FROM payments`
+	COALESCE(status, ''), COALESCE(charge_id, ''), COALESCE(provider_key, ''),
+	COALESCE(failure_code, ''), COALESCE(failure_reason, '') FROM payments`
 
 func scanStepSQLite(row *sql.Row) (StepPayment, error) {
 	var p StepPayment
 	var created string
-	if err := row.Scan(&p.ID, &p.AmountCents, &p.Currency, &p.Reference, &created, &p.Status, &p.ChargeID, &p.ProviderKey); err != nil {
+	if err := row.Scan(&p.ID, &p.AmountCents, &p.Currency, &p.Reference, &created, &p.Status, &p.ChargeID, &p.ProviderKey,
+		&p.FailureCode, &p.FailureReason); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return p, ErrNotFound
 		}

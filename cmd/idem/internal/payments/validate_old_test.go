@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/canonjson"
 )
 
 // validateOld, stringFieldOld and fingerprintOld are a frozen copy of
@@ -20,7 +21,7 @@ import (
 func validateOld(body []byte) (normalised, *idem.Problem) {
 	// The strict JSON rules of the core (valid UTF-8, no duplicate member
 	// names) apply here too: this hook replaces its fingerprint.
-	if _, err := idem.AppendCanonicalJSON(nil, body); err != nil {
+	if _, err := canonjson.Append(nil, body); err != nil {
 		if len(strings.TrimSpace(string(body))) == 0 {
 			return normalised{}, invalid(map[string][]string{"body": {"is empty; send a JSON object"}})
 		}
@@ -43,7 +44,7 @@ func validateOld(body []byte) (normalised, *idem.Problem) {
 		// Any spelling of a whole number is accepted (2599, 2599.0,
 		// 2.599e3), as the fingerprint treats them as one value: its
 		// canonical form is then plain digits.
-		canon, _ := idem.AppendCanonicalJSON(nil, raw)
+		canon, _ := canonjson.Append(nil, raw)
 		amount, err := strconv.ParseInt(string(canon), 10, 64)
 		isNumber := len(canon) > 0 && (canon[0] == '-' || (canon[0] >= '0' && canon[0] <= '9'))
 		switch {

@@ -11,7 +11,12 @@
 //   - DropRate: the charge is committed (with its stored response), then
 //     the connection is closed without an answer: the lost response a
 //     caller must resolve by retrying with the same key;
+//   - DeclineRate: the charge is declined (402 card_declined) instead of
+//     made; the decline is stored with the key like any answer, so a retry
+//     gets it again;
 //   - Delay: each charge takes that long before it commits.
+//
+// Every injected fault is logged, with the key redacted.
 package provider
 
 import (
@@ -55,6 +60,9 @@ type Config struct {
 	// DropRate is the fraction of POSTs whose connection is closed without
 	// an answer after the charge committed, in [0, 1].
 	DropRate float64
+	// DeclineRate is the fraction of new charges declined with 402
+	// card_declined, in [0, 1].
+	DeclineRate float64
 	// Delay is how long each charge takes before it commits.
 	Delay time.Duration
 	// Logger receives the provider's logs. Defaults to slog.Default().
@@ -72,8 +80,10 @@ type Provider struct {
 
 // New returns a Provider on store, creating its charges table.
 func New(ctx context.Context, store *sqlitestore.Store, cfg Config) (*Provider, error) {
-	if cfg.FailRate < 0 || cfg.FailRate > 1 || cfg.DropRate < 0 || cfg.DropRate > 1 {
-		return nil, errors.New("provider: fail and drop rates must be between 0 and 1")
+	for _, r := range []float64{cfg.FailRate, cfg.DropRate, cfg.DeclineRate} {
+		if !(r >= 0 && r <= 1) {
+			return nil, errors.New("provider: fail, drop and decline rates must be between 0 and 1")
+		}
 	}
 	if cfg.Delay < 0 {
 		return nil, errors.New("provider: negative delay")
@@ -121,14 +131,19 @@ func (p *Provider) Handler() http.Handler {
 // faults injects the configured failures around the idempotent handler.
 func (p *Provider) faults(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := keyAttr(r)
 		if p.cfg.FailRate > 0 && mrand.Float64() < p.cfg.FailRate {
+			p.cfg.Logger.LogAttrs(r.Context(), slog.LevelInfo, "injected fault: answered 503 before charging", key)
 			problem(w, http.StatusServiceUnavailable, "provider.unavailable", "The provider is unavailable (injected fault)", "Nothing was charged; retry with the same Idempotency-Key.")
 			return
 		}
 		if p.cfg.DropRate > 0 && mrand.Float64() < p.cfg.DropRate {
 			// The request runs to its end (the charge and its stored
 			// response commit), and the answer is lost.
-			next.ServeHTTP(&discardWriter{header: http.Header{}}, r)
+			d := &discardWriter{header: http.Header{}}
+			next.ServeHTTP(d, r)
+			p.cfg.Logger.LogAttrs(r.Context(), slog.LevelInfo, "injected fault: dropped the answer (the connection is closed without it)",
+				key, slog.Int("status", d.status), slog.String("charge", d.charge()), slog.Bool("replayed", d.header.Get(idem.HeaderReplayed) == "true"))
 			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
 				_ = conn.Close()
 				return
@@ -139,12 +154,47 @@ func (p *Provider) faults(next http.Handler) http.Handler {
 	})
 }
 
-// discardWriter is a ResponseWriter that keeps nothing.
-type discardWriter struct{ header http.Header }
+// keyAttr is the log attribute of r's idempotency key, redacted.
+func keyAttr(r *http.Request) slog.Attr {
+	k, err := idem.ParseKey(r.Header.Values(idem.HeaderKey))
+	if err != nil {
+		return slog.String("key", "(invalid)")
+	}
+	return slog.String("key", idem.RedactKey(k))
+}
 
-func (d *discardWriter) Header() http.Header         { return d.header }
-func (d *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
-func (d *discardWriter) WriteHeader(int)             {}
+// discardWriter is a ResponseWriter that sends nothing: it keeps the
+// status and the start of the body, for the log line of the dropped answer.
+type discardWriter struct {
+	header http.Header
+	status int
+	body   []byte
+}
+
+func (d *discardWriter) Header() http.Header { return d.header }
+
+func (d *discardWriter) Write(b []byte) (int, error) {
+	if d.status == 0 {
+		d.status = http.StatusOK
+	}
+	d.body = append(d.body, b[:min(len(b), 4<<10-len(d.body))]...)
+	return len(b), nil
+}
+
+func (d *discardWriter) WriteHeader(status int) {
+	if d.status == 0 {
+		d.status = status
+	}
+}
+
+// charge returns the id of the charge the dropped answer held, if any.
+func (d *discardWriter) charge() string {
+	var c Charge
+	if d.status != http.StatusCreated || json.Unmarshal(d.body, &c) != nil {
+		return ""
+	}
+	return c.ID
+}
 
 // request is a validated charge request: what is fingerprinted.
 type request struct {
@@ -220,6 +270,15 @@ func (p *Provider) create(w http.ResponseWriter, r *http.Request) {
 			problem(w, http.StatusServiceUnavailable, "provider.cancelled", "The charge was cancelled", "")
 			return
 		}
+	}
+	if p.cfg.DeclineRate > 0 && mrand.Float64() < p.cfg.DeclineRate {
+		// A decline is an answer like a charge: stored with the key, so
+		// that a retry gets it again.
+		p.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "injected fault: declined the charge (402 card_declined)",
+			slog.String("key", idem.RedactKey(info.Key)), slog.String("reference", req.Reference))
+		problem(w, http.StatusPaymentRequired, "card_declined", "The card was declined",
+			"The card issuer declined the charge (injected fault).")
+		return
 	}
 	tx, err := sqlitestore.Tx(ctx)
 	if err != nil {

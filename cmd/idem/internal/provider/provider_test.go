@@ -1,17 +1,42 @@
 package provider_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/provider"
 	"github.com/idemhq/idem/sqlitestore"
 )
+
+// logBuffer collects log lines from the provider's handlers.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 func newProvider(t *testing.T, cfg provider.Config) *httptest.Server {
 	t.Helper()
@@ -125,7 +150,8 @@ func TestDropRateCommitsThenLosesTheAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	dropping, err := provider.New(t.Context(), store, provider.Config{DropRate: 1})
+	logs := &logBuffer{}
+	dropping, err := provider.New(t.Context(), store, provider.Config{DropRate: 1, Logger: logs.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,6 +165,12 @@ func TestDropRateCommitsThenLosesTheAnswer(t *testing.T) {
 	defer a.Close()
 	if r, b, err := charge(t, d.URL, "k", body); err == nil {
 		t.Fatalf("a dropped charge got an answer: %v %s", r.StatusCode, b)
+	}
+	// The provider says what it dropped, the key redacted.
+	line := logs.String()
+	if !strings.Contains(line, "dropped the answer") || !strings.Contains(line, "status=201") || !strings.Contains(line, "charge=ch_") ||
+		!strings.Contains(line, idem.RedactKey("k")) || strings.Contains(line, "key=k ") {
+		t.Errorf("log of the dropped answer: %q", line)
 	}
 	if n := count(t, a.URL); n != 1 {
 		t.Fatalf("count after a dropped answer = %d, want 1 (committed)", n)
@@ -159,9 +191,33 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	for _, c := range []provider.Config{{FailRate: -0.1}, {FailRate: 1.1}, {DropRate: 2}, {Delay: -1}} {
+	for _, c := range []provider.Config{{FailRate: -0.1}, {FailRate: 1.1}, {DropRate: 2}, {DeclineRate: 1.5}, {DeclineRate: math.NaN()}, {Delay: -1}} {
 		if _, err := provider.New(t.Context(), store, c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+}
+
+// A declined charge is an answer like a charge: 402 card_declined, stored
+// with the key (a retry gets the same decline, replayed), nothing charged,
+// and logged.
+func TestDeclineRateDeclinesForGood(t *testing.T) {
+	t.Parallel()
+	logs := &logBuffer{}
+	srv := newProvider(t, provider.Config{DeclineRate: 1, Logger: logs.logger()})
+	r1, b1, err := charge(t, srv.URL, "k", body)
+	if err != nil || r1.StatusCode != http.StatusPaymentRequired || !strings.Contains(b1, `"code":"card_declined"`) ||
+		r1.Header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("%v %v %s, want 402 card_declined", err, r1, b1)
+	}
+	r2, b2, err := charge(t, srv.URL, "k", body)
+	if err != nil || r2.StatusCode != http.StatusPaymentRequired || b2 != b1 || r2.Header.Get("Idempotency-Replayed") != "true" {
+		t.Fatalf("retry: %v %v %s, want the stored decline", err, r2, b2)
+	}
+	if n := count(t, srv.URL); n != 0 {
+		t.Errorf("count = %d, want 0", n)
+	}
+	if n := strings.Count(logs.String(), "declined the charge"); n != 1 {
+		t.Errorf("%d log lines for one decline:\n%s", n, logs.String())
 	}
 }

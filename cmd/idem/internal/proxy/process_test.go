@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,7 +45,7 @@ func idemBinary(t *testing.T) string {
 		}
 		goTool, err := exec.LookPath("go")
 		if err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+			t.Fatalf("the go command is not on PATH: %v", err)
 		}
 		binPath = filepath.Join(binDir, "idem")
 		out, err := exec.Command(goTool, "build", "-o", binPath, "github.com/idemhq/idem/cmd/idem").CombinedOutput()

@@ -48,6 +48,8 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
+	"github.com/idemhq/idem/idemcrypt"
+	"github.com/idemhq/idem/idemstore"
 )
 
 // Problem codes of the proxy's own error responses. Both release the key.
@@ -91,7 +93,7 @@ type Config struct {
 	// Store keeps the idempotency records. Several proxies sharing one
 	// store (PostgreSQL, Redis, one SQLite file on one machine) behave as
 	// one.
-	Store idem.Store
+	Store idemstore.Store
 
 	// Defaults are the settings of requests that match no route.
 	// Defaults to DefaultSettings() when zero (Lease unset).
@@ -129,7 +131,7 @@ type Config struct {
 
 	// Encryption, if set, encrypts every stored response (see
 	// idem.Config.Encryption). Defaults to none.
-	Encryption *idem.Encryption
+	Encryption *idemcrypt.Encryption
 }
 
 // Proxy is an http.Handler that forwards requests to the upstream through
@@ -421,7 +423,7 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel(nil)
 	if protected {
 		stop := context.AfterFunc(r.Context(), func() {
-			if cause := context.Cause(r.Context()); errors.Is(cause, idem.ErrLeaseLost) {
+			if cause := context.Cause(r.Context()); errors.Is(cause, idemstore.ErrLeaseLost) {
 				cancel(cause)
 			}
 		})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/canonjson"
 )
 
 // DefaultUpstreamTimeout is the default of Settings.UpstreamTimeout.
@@ -182,7 +183,7 @@ func (s Settings) check() []fieldError {
 		pointers []string
 	}{{"fingerprint_exclude", s.FingerprintExclude}, {"fingerprint_include", s.FingerprintInclude}} {
 		for _, ptr := range list.pointers {
-			if tokens, err := idem.ParseJSONPointer(ptr); err != nil {
+			if tokens, err := canonjson.ParsePointer(ptr); err != nil {
 				add(list.field, "%q is not a JSON Pointer (such as \"/order/client_time\")", ptr)
 			} else if len(tokens) == 0 && list.field == "fingerprint_exclude" {
 				add(list.field, "the empty pointer would exclude the whole body")

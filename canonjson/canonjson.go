@@ -1,0 +1,559 @@
+// Package canonjson writes JSON in a canonical form, so that two texts of the
+// same value compare equal byte for byte (RFC 8785, with exact numbers; see
+// Append), and reads RFC 6901 JSON Pointers (ParsePointer). idem
+// fingerprints JSON request bodies with it; it has no other dependency than
+// the standard library.
+package canonjson
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// ErrInvalid reports a body that claims to be JSON but cannot be
+// canonicalised: malformed JSON, invalid UTF-8, an escaped lone surrogate, a
+// duplicate member name, or nesting deeper than maxJSONDepth. The
+// middleware answers it with 400 idempotency.body_invalid before any key is
+// claimed.
+var ErrInvalid = errors.New("canonjson: invalid JSON")
+
+// maxJSONDepth bounds nesting so that a hostile body cannot make the
+// canonicaliser recurse without limit.
+const maxJSONDepth = 512
+
+// Append appends the canonical form of the JSON text src to dst.
+//
+// The form is RFC 8785 (JSON Canonicalization Scheme): no insignificant
+// whitespace, object members sorted by the UTF-16 code units of their names,
+// strings with the minimal escapes. It differs from RFC 8785 in one
+// deliberate way: numbers keep their exact decimal value instead of being
+// rounded to IEEE 754 doubles. A number is written with the ECMAScript
+// Number-to-String layout applied to its exact significant digits, so 1, 1.0,
+// 10e-1 and 0.1e1 all become 1, while 9007199254740993 and 9007199254740992
+// (equal as doubles) stay different. For every number a double represents
+// exactly with its shortest digits the output equals RFC 8785's. Negative
+// zero is written as 0.
+//
+// Errors wrap ErrInvalid.
+func Append(dst, src []byte) ([]byte, error) {
+	c := canonPool.Get().(*canonicalizer)
+	c.src, c.pos, c.dst = src, 0, dst
+	err := c.run()
+	out := c.dst
+	c.reset()
+	canonPool.Put(c)
+	if err != nil {
+		return dst, err
+	}
+	return out, nil
+}
+
+var canonPool = sync.Pool{New: func() any { return new(canonicalizer) }}
+
+// member locates one object member while its object is being sorted: its
+// decoded name in keys and its serialised "name":value in dst.
+type member struct {
+	keyStart, keyEnd int
+	outStart, outEnd int
+}
+
+type canonicalizer struct {
+	src     []byte
+	pos     int
+	dst     []byte
+	keys    []byte   // decoded member names of the open objects
+	members []member // members of the open objects, innermost last
+	scratch []byte   // reordering buffer
+}
+
+func (c *canonicalizer) reset() {
+	c.src, c.dst = nil, nil
+	c.keys, c.members, c.scratch = c.keys[:0], c.members[:0], c.scratch[:0]
+	if cap(c.scratch) > 64<<10 { // do not pin huge buffers in the pool
+		c.scratch = nil
+	}
+	if cap(c.keys) > 64<<10 {
+		c.keys = nil
+	}
+}
+
+func (c *canonicalizer) run() error {
+	if !utf8.Valid(c.src) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalid)
+	}
+	c.skipSpace()
+	if err := c.value(0); err != nil {
+		return err
+	}
+	c.skipSpace()
+	if c.pos != len(c.src) {
+		return c.errorf("unexpected data after the top-level value")
+	}
+	return nil
+}
+
+func (c *canonicalizer) errorf(format string, args ...any) error {
+	return fmt.Errorf("%w: offset %d: %s", ErrInvalid, c.pos, fmt.Sprintf(format, args...))
+}
+
+func (c *canonicalizer) skipSpace() {
+	for c.pos < len(c.src) {
+		switch c.src[c.pos] {
+		case ' ', '\t', '\n', '\r':
+			c.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (c *canonicalizer) value(depth int) error {
+	if c.pos >= len(c.src) {
+		return c.errorf("unexpected end of input")
+	}
+	switch ch := c.src[c.pos]; {
+	case ch == '{':
+		return c.object(depth + 1)
+	case ch == '[':
+		return c.array(depth + 1)
+	case ch == '"':
+		_, err := c.str(nil, false)
+		return err
+	case ch == '-' || (ch >= '0' && ch <= '9'):
+		return c.number()
+	default:
+		for _, lit := range [...]string{"true", "false", "null"} {
+			if len(c.src)-c.pos >= len(lit) && string(c.src[c.pos:c.pos+len(lit)]) == lit {
+				c.dst = append(c.dst, lit...)
+				c.pos += len(lit)
+				return nil
+			}
+		}
+		return c.errorf("unexpected character %q", ch)
+	}
+}
+
+func (c *canonicalizer) array(depth int) error {
+	if depth > maxJSONDepth {
+		return c.errorf("nesting deeper than %d", maxJSONDepth)
+	}
+	c.pos++ // [
+	c.dst = append(c.dst, '[')
+	c.skipSpace()
+	if c.pos < len(c.src) && c.src[c.pos] == ']' {
+		c.pos++
+		c.dst = append(c.dst, ']')
+		return nil
+	}
+	for {
+		c.skipSpace()
+		if err := c.value(depth); err != nil {
+			return err
+		}
+		c.skipSpace()
+		if c.pos >= len(c.src) {
+			return c.errorf("unterminated array")
+		}
+		switch c.src[c.pos] {
+		case ',':
+			c.pos++
+			c.dst = append(c.dst, ',')
+		case ']':
+			c.pos++
+			c.dst = append(c.dst, ']')
+			return nil
+		default:
+			return c.errorf("expected ',' or ']' in array")
+		}
+	}
+}
+
+func (c *canonicalizer) object(depth int) error {
+	if depth > maxJSONDepth {
+		return c.errorf("nesting deeper than %d", maxJSONDepth)
+	}
+	c.pos++ // {
+	c.dst = append(c.dst, '{')
+	base, keyBase := len(c.members), len(c.keys)
+	defer func() { c.members, c.keys = c.members[:base], c.keys[:keyBase] }()
+
+	c.skipSpace()
+	if c.pos < len(c.src) && c.src[c.pos] == '}' {
+		c.pos++
+		c.dst = append(c.dst, '}')
+		return nil
+	}
+	for {
+		c.skipSpace()
+		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
+			return c.errorf("expected a member name")
+		}
+		m := member{outStart: len(c.dst), keyStart: len(c.keys)}
+		var err error
+		if c.keys, err = c.str(c.keys, true); err != nil {
+			return err
+		}
+		m.keyEnd = len(c.keys)
+		c.skipSpace()
+		if c.pos >= len(c.src) || c.src[c.pos] != ':' {
+			return c.errorf("expected ':' after a member name")
+		}
+		c.pos++
+		c.dst = append(c.dst, ':')
+		c.skipSpace()
+		if err := c.value(depth); err != nil {
+			return err
+		}
+		m.outEnd = len(c.dst)
+		c.members = append(c.members, m)
+		c.skipSpace()
+		if c.pos >= len(c.src) {
+			return c.errorf("unterminated object")
+		}
+		if c.src[c.pos] == '}' {
+			c.pos++
+			break
+		}
+		if c.src[c.pos] != ',' {
+			return c.errorf("expected ',' or '}' in object")
+		}
+		c.pos++
+		c.dst = append(c.dst, ',')
+	}
+	return c.sortMembers(c.members[base:])
+}
+
+// sortMembers puts the members of the object just written into RFC 8785
+// order and rejects duplicate names.
+func (c *canonicalizer) sortMembers(ms []member) error {
+	name := func(m member) []byte { return c.keys[m.keyStart:m.keyEnd] }
+	sorted := true
+	for i := 1; i < len(ms); i++ {
+		if compareUTF16(name(ms[i-1]), name(ms[i])) >= 0 {
+			sorted = false
+			break
+		}
+	}
+	if !sorted {
+		start := ms[0].outStart
+		c.scratch = append(c.scratch[:0], c.dst[start:]...)
+		slices.SortFunc(ms, func(a, b member) int { return compareUTF16(name(a), name(b)) })
+		for i := 1; i < len(ms); i++ {
+			if compareUTF16(name(ms[i-1]), name(ms[i])) == 0 {
+				return fmt.Errorf("%w: duplicate member name %q", ErrInvalid, name(ms[i]))
+			}
+		}
+		c.dst = c.dst[:start]
+		for i, m := range ms {
+			if i > 0 {
+				c.dst = append(c.dst, ',')
+			}
+			c.dst = append(c.dst, c.scratch[m.outStart-start:m.outEnd-start]...)
+		}
+	}
+	c.dst = append(c.dst, '}')
+	return nil
+}
+
+// compareUTF16 orders two UTF-8 strings by their UTF-16 code units, as
+// RFC 8785 requires. It differs from byte order only where a character above
+// U+FFFF (a surrogate pair, 0xD800-0xDBFF first) meets one in U+E000-U+FFFF.
+func compareUTF16(a, b []byte) int {
+	for len(a) > 0 && len(b) > 0 {
+		if a[0] < utf8.RuneSelf && b[0] < utf8.RuneSelf {
+			if a[0] != b[0] {
+				return int(a[0]) - int(b[0])
+			}
+			a, b = a[1:], b[1:]
+			continue
+		}
+		ra, na := utf8.DecodeRune(a)
+		rb, nb := utf8.DecodeRune(b)
+		if ra != rb {
+			return utf16Unit(ra) - utf16Unit(rb)
+		}
+		a, b = a[na:], b[nb:]
+	}
+	return len(a) - len(b)
+}
+
+// utf16Unit returns a value that orders r as its first UTF-16 code unit
+// would, breaking ties between supplementary characters by code point.
+func utf16Unit(r rune) int {
+	if r < 0x10000 {
+		return int(r) << 10
+	}
+	hi, _ := utf16.EncodeRune(r)
+	return int(hi)<<10 | int(r&0x3ff)
+}
+
+// str reads a JSON string at c.pos and writes its canonical form to c.dst.
+// When decode is set it also appends the decoded string to into and returns
+// it.
+func (c *canonicalizer) str(into []byte, decode bool) ([]byte, error) {
+	c.pos++ // opening quote
+	c.dst = append(c.dst, '"')
+	for {
+		// Copy the run of characters that need no escaping in one step.
+		start := c.pos
+		for c.pos < len(c.src) {
+			ch := c.src[c.pos]
+			if ch == '"' || ch == '\\' || ch < 0x20 {
+				break
+			}
+			c.pos++
+		}
+		c.dst = append(c.dst, c.src[start:c.pos]...)
+		if decode {
+			into = append(into, c.src[start:c.pos]...)
+		}
+		if c.pos >= len(c.src) {
+			return into, c.errorf("unterminated string")
+		}
+		ch := c.src[c.pos]
+		switch {
+		case ch == '"':
+			c.pos++
+			c.dst = append(c.dst, '"')
+			return into, nil
+		case ch < 0x20:
+			return into, c.errorf("unescaped control character in string")
+		}
+		// An escape sequence.
+		if c.pos+1 >= len(c.src) {
+			return into, c.errorf("unterminated escape")
+		}
+		var r rune
+		switch e := c.src[c.pos+1]; e {
+		case '"', '\\', '/':
+			r = rune(e)
+			c.pos += 2
+		case 'b':
+			r, c.pos = '\b', c.pos+2
+		case 'f':
+			r, c.pos = '\f', c.pos+2
+		case 'n':
+			r, c.pos = '\n', c.pos+2
+		case 'r':
+			r, c.pos = '\r', c.pos+2
+		case 't':
+			r, c.pos = '\t', c.pos+2
+		case 'u':
+			u, ok := c.hex4(c.pos + 2)
+			if !ok {
+				return into, c.errorf("bad \\u escape")
+			}
+			c.pos += 6
+			r = rune(u)
+			if utf16.IsSurrogate(r) {
+				lo, ok := rune(0), false
+				if r < 0xdc00 && c.pos+1 < len(c.src) && c.src[c.pos] == '\\' && c.src[c.pos+1] == 'u' {
+					var v uint16
+					if v, ok = c.hex4(c.pos + 2); ok {
+						lo = rune(v)
+					}
+				}
+				if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
+					return into, c.errorf("escaped lone surrogate")
+				}
+				c.pos += 6
+			}
+		default:
+			return into, c.errorf("bad escape \\%c", e)
+		}
+		c.dst = appendCanonicalRune(c.dst, r)
+		if decode {
+			into = utf8.AppendRune(into, r)
+		}
+	}
+}
+
+func (c *canonicalizer) hex4(at int) (uint16, bool) {
+	if at+4 > len(c.src) {
+		return 0, false
+	}
+	var v uint16
+	for _, h := range c.src[at : at+4] {
+		switch {
+		case h >= '0' && h <= '9':
+			h -= '0'
+		case h >= 'a' && h <= 'f':
+			h -= 'a' - 10
+		case h >= 'A' && h <= 'F':
+			h -= 'A' - 10
+		default:
+			return 0, false
+		}
+		v = v<<4 | uint16(h)
+	}
+	return v, true
+}
+
+// appendCanonicalRune writes r as RFC 8785 requires inside a string: the
+// two-character escapes where JSON has one, \u00xx for other control
+// characters, and the character itself otherwise.
+func appendCanonicalRune(dst []byte, r rune) []byte {
+	switch r {
+	case '"':
+		return append(dst, '\\', '"')
+	case '\\':
+		return append(dst, '\\', '\\')
+	case '\b':
+		return append(dst, '\\', 'b')
+	case '\f':
+		return append(dst, '\\', 'f')
+	case '\n':
+		return append(dst, '\\', 'n')
+	case '\r':
+		return append(dst, '\\', 'r')
+	case '\t':
+		return append(dst, '\\', 't')
+	}
+	if r < 0x20 {
+		const hex = "0123456789abcdef"
+		return append(dst, '\\', 'u', '0', '0', hex[r>>4], hex[r&0xf])
+	}
+	return utf8.AppendRune(dst, r)
+}
+
+// number reads a JSON number and writes its exact canonical form: the
+// significant digits (leading and trailing zeros removed) laid out as
+// ECMAScript's Number::toString lays out the digits of a double.
+func (c *canonicalizer) number() error {
+	src := c.src
+	neg := false
+	if src[c.pos] == '-' {
+		neg = true
+		c.pos++
+	}
+	intStart := c.pos
+	if c.pos >= len(src) || src[c.pos] < '0' || src[c.pos] > '9' {
+		return c.errorf("expected a digit")
+	}
+	if src[c.pos] == '0' {
+		c.pos++
+	} else {
+		for c.pos < len(src) && src[c.pos] >= '0' && src[c.pos] <= '9' {
+			c.pos++
+		}
+	}
+	intDigits := src[intStart:c.pos]
+	var fracDigits []byte
+	if c.pos < len(src) && src[c.pos] == '.' {
+		c.pos++
+		fs := c.pos
+		for c.pos < len(src) && src[c.pos] >= '0' && src[c.pos] <= '9' {
+			c.pos++
+		}
+		if c.pos == fs {
+			return c.errorf("expected a digit after the decimal point")
+		}
+		fracDigits = src[fs:c.pos]
+	}
+	var exp int64
+	if c.pos < len(src) && (src[c.pos] == 'e' || src[c.pos] == 'E') {
+		c.pos++
+		expNeg := false
+		if c.pos < len(src) && (src[c.pos] == '+' || src[c.pos] == '-') {
+			expNeg = src[c.pos] == '-'
+			c.pos++
+		}
+		es := c.pos
+		for c.pos < len(src) && src[c.pos] >= '0' && src[c.pos] <= '9' {
+			// Exponents beyond 10^15 would overflow the arithmetic below;
+			// no real request carries one, so refuse rather than round.
+			if exp > 1e15 {
+				return c.errorf("exponent out of range")
+			}
+			exp = exp*10 + int64(src[c.pos]-'0')
+			c.pos++
+		}
+		if c.pos == es {
+			return c.errorf("expected a digit in the exponent")
+		}
+		if expNeg {
+			exp = -exp
+		}
+	}
+
+	// The value is 0.D x 10^n where D is intDigits followed by fracDigits,
+	// with leading and trailing zeros stripped.
+	if len(intDigits) == 1 && intDigits[0] == '0' {
+		intDigits = nil
+	}
+	n := int64(len(intDigits)) + exp
+	digits := joinDigits(intDigits, fracDigits)
+	lead := 0
+	for lead < len(digits) && digits[lead] == '0' {
+		lead++
+	}
+	digits = digits[lead:]
+	n -= int64(lead)
+	for len(digits) > 0 && digits[len(digits)-1] == '0' {
+		digits = digits[:len(digits)-1]
+	}
+	if len(digits) == 0 {
+		c.dst = append(c.dst, '0')
+		return nil
+	}
+	if neg {
+		c.dst = append(c.dst, '-')
+	}
+	c.dst = appendDigits(c.dst, digits, n)
+	return nil
+}
+
+// joinDigits returns the integer and fraction digits as one sequence,
+// without copying when there is no fraction.
+func joinDigits(i, f []byte) []byte {
+	if len(f) == 0 {
+		return i
+	}
+	if len(i) == 0 {
+		return f
+	}
+	d := make([]byte, 0, len(i)+len(f))
+	return append(append(d, i...), f...)
+}
+
+// appendDigits lays out the significant digits d (no leading or trailing
+// zeros) of the value 0.d x 10^n as ECMAScript Number::toString does.
+func appendDigits(dst, d []byte, n int64) []byte {
+	k := int64(len(d))
+	switch {
+	case k <= n && n <= 21:
+		dst = append(dst, d...)
+		for i := k; i < n; i++ {
+			dst = append(dst, '0')
+		}
+	case 0 < n && n <= 21:
+		dst = append(dst, d[:n]...)
+		dst = append(dst, '.')
+		dst = append(dst, d[n:]...)
+	case -6 < n && n <= 0:
+		dst = append(dst, '0', '.')
+		for i := n; i < 0; i++ {
+			dst = append(dst, '0')
+		}
+		dst = append(dst, d...)
+	default:
+		dst = append(dst, d[0])
+		if k > 1 {
+			dst = append(dst, '.')
+			dst = append(dst, d[1:]...)
+		}
+		dst = append(dst, 'e')
+		if e := n - 1; e >= 0 {
+			dst = append(dst, '+')
+			dst = strconv.AppendInt(dst, e, 10)
+		} else {
+			dst = strconv.AppendInt(dst, e, 10)
+		}
+	}
+	return dst
+}

@@ -1,0 +1,14 @@
+package main
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package's tests if any goroutine outlives them: every
+// goroutine a test starts (servers, clients, exporters) must be stopped by
+// the test's own cleanup.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

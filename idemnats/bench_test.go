@@ -1,0 +1,130 @@
+package idemnats_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemnats"
+	"github.com/idemhq/idem/inbox"
+	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/sqlitestore"
+	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
+)
+
+// fillOutbox adds n messages of 200 bytes to a fresh SQLite outbox, 100
+// per transaction (as n payments would, one event each).
+func fillOutbox(b *testing.B, subj string, n int) *sqliteoutbox.Store {
+	b.Helper()
+	ctx := context.Background()
+	st, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "o.db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	ob, _ := sqliteoutbox.New(st.DB(), nil)
+	if err := ob.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	exec, _ := idem.NewExecutor(st, nil)
+	payload := make([]byte, 200)
+	for i := 0; i < n; i += 100 {
+		if _, err := exec.Do(ctx, idem.DoParams{Scope: "fill", Key: fmt.Sprint(i), Fingerprint: "f"}, func(ctx context.Context) (*idem.Response, error) {
+			for j := i; j < min(i+100, n); j++ {
+				if err := ob.Add(ctx, outbox.Message{ID: fmt.Sprint(subj, "-", j), Topic: subj, Payload: payload}); err != nil {
+					return nil, err
+				}
+			}
+			return &idem.Response{StatusCode: 200}, nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return ob
+}
+
+// BenchmarkDispatch measures the dispatcher draining a SQLite outbox into
+// JetStream: claim a batch, publish it asynchronously, wait for the acks,
+// mark it sent. One op is one message.
+func BenchmarkDispatch(b *testing.B) {
+	_, js := connect(b)
+	subj := subject(b, js)
+	if _, err := idemnats.EnsureStream(context.Background(), js, subj); err != nil {
+		b.Fatal(err)
+	}
+	ob := fillOutbox(b, subj, b.N)
+	d, err := outbox.NewDispatcher(ob, idemnats.NewPublisher(js), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for done := 0; done < b.N; {
+		n, err := d.RunOnce(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		done += n
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+}
+
+// BenchmarkConsume measures a durable consumer booking messages through an
+// inbox on SQLite: one transaction per message (the inbox claim, then the
+// booking and the record's completion), then the ack. One op is one
+// message.
+func BenchmarkConsume(b *testing.B) {
+	_, js := connect(b)
+	subj := subject(b, js)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cons, err := idemnats.EnsureConsumer(ctx, js, subj, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := idemnats.NewPublisher(js)
+	payload := make([]byte, 200)
+	for i := 0; i < b.N; i += 500 {
+		var msgs []outbox.Message
+		for j := i; j < min(i+500, b.N); j++ {
+			msgs = append(msgs, outbox.Message{ID: fmt.Sprint("m-", j), Topic: subj, Payload: payload})
+		}
+		if errs := p.Publish(ctx, msgs); errs != nil {
+			b.Fatal(errs)
+		}
+	}
+	st, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "in.db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.DB().ExecContext(ctx, `CREATE TABLE booked (id TEXT NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	exec, _ := idem.NewExecutor(st, nil)
+	in, _ := inbox.New(exec, inbox.Config{Name: "bench"})
+	book := func(ctx context.Context, m inbox.Message) error {
+		tx, err := sqlitestore.Tx(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO booked (id) VALUES (?)`, m.ID)
+		return err
+	}
+	handled := make(chan struct{}, b.N)
+	b.ResetTimer()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		done <- idemnats.Consume(ctx, cons, in, book, &idemnats.ConsumeConfig{OnHandled: func(bool) { handled <- struct{}{} }})
+	}()
+	for range b.N {
+		<-handled
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	cancel()
+	<-done
+}

@@ -1,0 +1,152 @@
+package idemstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+)
+
+// responseEncodingV1 is the first byte of every encoded response.
+const responseEncodingV1 = 1
+
+// errBadResponseEncoding reports stored bytes that are not an encoded
+// Response.
+var errBadResponseEncoding = errors.New("idem: malformed stored response")
+
+// MarshalBinary encodes the response in a compact, versioned binary form
+// that stores may keep in a single BLOB or string value. Header names are
+// written in sorted order, so equal responses encode to equal bytes.
+func (r *Response) MarshalBinary() ([]byte, error) {
+	return r.AppendBinary(nil)
+}
+
+// AppendBinary appends the encoding of MarshalBinary to b.
+func (r *Response) AppendBinary(b []byte) ([]byte, error) {
+	if r.StatusCode < 100 || r.StatusCode > 999 {
+		return nil, fmt.Errorf("idem: cannot encode status code %d", r.StatusCode)
+	}
+	flags := byte(0)
+	if r.Unreplayable {
+		flags |= 1
+	}
+	b = append(b, responseEncodingV1, flags)
+	b = binary.AppendUvarint(b, uint64(r.StatusCode))
+	names := make([]string, 0, len(r.Header))
+	for name := range r.Header {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, name := range names {
+		vs := r.Header[name]
+		b = appendField(b, name)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = appendField(b, v)
+		}
+	}
+	return appendField(b, r.Body), nil
+}
+
+// EncodedSize returns the length of the response's binary encoding, without
+// encoding it.
+func (r *Response) EncodedSize() int {
+	n := 2 + uvarintLen(uint64(r.StatusCode)) + uvarintLen(uint64(len(r.Header)))
+	for name, vs := range r.Header {
+		n += uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(vs)))
+		for _, v := range vs {
+			n += uvarintLen(uint64(len(v))) + len(v)
+		}
+	}
+	return n + uvarintLen(uint64(len(r.Body))) + len(r.Body)
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for x >= 0x80 {
+		x >>= 7
+		n++
+	}
+	return n
+}
+
+// UnmarshalBinary decodes a response encoded by MarshalBinary. The body
+// aliases data; callers that reuse data must copy it first.
+func (r *Response) UnmarshalBinary(data []byte) error {
+	d := decoder{b: data}
+	if d.byte() != responseEncodingV1 {
+		return fmt.Errorf("%w: unknown encoding version", errBadResponseEncoding)
+	}
+	flags := d.byte()
+	status := d.uvarint()
+	nh := d.uvarint()
+	if d.err != nil || nh > uint64(len(data)) {
+		return errBadResponseEncoding
+	}
+	var h http.Header
+	if nh > 0 {
+		h = make(http.Header, nh)
+	}
+	for i := uint64(0); i < nh && d.err == nil; i++ {
+		name := string(d.field())
+		nv := d.uvarint()
+		if nv > uint64(len(data)) {
+			return errBadResponseEncoding
+		}
+		vs := make([]string, nv)
+		for j := range vs {
+			vs[j] = string(d.field())
+		}
+		h[name] = vs
+	}
+	body := d.field()
+	if d.err != nil || len(d.b) != 0 || status < 100 || status > 999 {
+		return errBadResponseEncoding
+	}
+	*r = Response{StatusCode: int(status), Header: h, Body: body, Unreplayable: flags&1 != 0}
+	return nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) byte() byte {
+	if len(d.b) == 0 {
+		d.err = errBadResponseEncoding
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errBadResponseEncoding
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) field() []byte {
+	n := d.uvarint()
+	if d.err != nil || n > uint64(len(d.b)) {
+		d.err = errBadResponseEncoding
+		return nil
+	}
+	f := d.b[:n:n]
+	d.b = d.b[n:]
+	return f
+}
+
+// appendField appends a length-prefixed field.
+func appendField[T string | []byte](buf []byte, v T) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(v)))
+	return append(buf, v...)
+}

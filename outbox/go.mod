@@ -1,5 +1,0 @@
-module github.com/idemhq/idem/outbox
-
-go 1.26.0
-
-require go.uber.org/goleak v1.3.0
