@@ -113,6 +113,7 @@ type Dispatcher struct {
 	cfg   Config
 	owner string
 	wake  chan struct{}
+	retry chan struct{}
 
 	published, failed atomic.Int64
 }
@@ -127,7 +128,8 @@ func NewDispatcher(store Store, pub Publisher, cfg *Config) (*Dispatcher, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Dispatcher{store: store, pub: pub, cfg: c, owner: "d_" + rand.Text(), wake: make(chan struct{}, 1)}, nil
+	return &Dispatcher{store: store, pub: pub, cfg: c, owner: "d_" + rand.Text(), wake: make(chan struct{}, 1),
+		retry: make(chan struct{}, 1)}, nil
 }
 
 // Notify wakes a waiting Run at once, instead of after PollInterval: call
@@ -136,6 +138,17 @@ func NewDispatcher(store Store, pub Publisher, cfg *Config) (*Dispatcher, error)
 func (d *Dispatcher) Notify() {
 	select {
 	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// RetryNow wakes Run at once, also in the middle of a back-off after a
+// failure, and restarts the back-off from its minimum: an operator's
+// "retry now" (after Inspector.RetryNow freed a message's claim). It never
+// blocks.
+func (d *Dispatcher) RetryNow() {
+	select {
+	case d.retry <- struct{}{}:
 	default:
 	}
 }
@@ -190,6 +203,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		case <-t.C:
 		case <-wake:
+		case <-d.retry:
+			backoff = 0
 		}
 		t.Stop()
 	}

@@ -214,6 +214,7 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 		"{table}", s.table,
 		"{expires_index}", pgx.Identifier{c.Table + "_expires_at_idx"}.Sanitize(),
 		"{stuck_index}", pgx.Identifier{c.Table + "_stuck_idx"}.Sanitize(),
+		"{inflight_index}", pgx.Identifier{c.Table + "_inflight_idx"}.Sanitize(),
 		"{fence_seq}", s.fenceSeq(),
 	)
 	ms, err := loadMigrations(r)
@@ -224,6 +225,11 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 	s.prepareSQL()
 	return s, c.SkipMigrate, nil
 }
+
+// Table returns the records table's quoted, schema-qualified name, for
+// read-only operator tools (idem console) that query it. Its columns are
+// described by the store's migrations.
+func (s *Store) Table() string { return s.table }
 
 // prepareSQL builds the statement texts for the configured table. Times are
 // statement_timestamp(), the database's clock at the start of the
@@ -635,8 +641,8 @@ func (s *Store) saveCheckpoint(ctx context.Context, db execer, p idemstore.SaveC
 }
 
 // Stuck implements idemstore.StepStore, by the database's clock (p.Now is
-// ignored), walking a partial index of the in-flight records that hold a
-// checkpoint.
+// ignored), walking the partial index of the
+// in-flight records in the order of their leases' ends.
 func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore.StuckRecord, error) {
 	if p.Limit <= 0 {
 		return nil, errors.New("pgstore: Stuck needs a positive limit")

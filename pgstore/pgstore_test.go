@@ -554,3 +554,42 @@ func TestBeginTx(t *testing.T) {
 	}
 	mustClaim(t, f.store, claimParams("scope", "k"), idemstore.ClaimCompleted)
 }
+
+// Version 3 replaces the stuck index with the in-flight index, and the
+// planner serves Stuck from it.
+func TestInflightIndex(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	idx := func(name string) int {
+		return f.count(t, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", f.schema, name)
+	}
+	if idx(pgstore.DefaultTable+"_inflight_idx") != 1 || idx(pgstore.DefaultTable+"_stuck_idx") != 0 {
+		t.Fatalf("indexes after migration: inflight %d, stuck %d; want 1 and 0",
+			idx(pgstore.DefaultTable+"_inflight_idx"), idx(pgstore.DefaultTable+"_stuck_idx"))
+	}
+	ctx := t.Context()
+	conn, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SET enable_seqscan = off"); err != nil {
+		t.Fatal(err)
+	}
+	var plan strings.Builder
+	rows, err := conn.Query(ctx, "EXPLAIN SELECT scope, key FROM "+f.store.Table()+
+		" WHERE token IS NOT NULL AND checkpoint IS NOT NULL AND lease_expires_at <= statement_timestamp() ORDER BY lease_expires_at LIMIT 10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if !strings.Contains(plan.String(), "_inflight_idx") {
+		t.Errorf("Stuck's query does not use the in-flight index:\n%s", plan.String())
+	}
+}

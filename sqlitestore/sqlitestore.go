@@ -199,6 +199,11 @@ func (s *Store) DB() *sql.DB { return s.writer }
 // application's queries: WAL readers never wait for the write lock.
 func (s *Store) ReadDB() *sql.DB { return s.reader }
 
+// Table returns the name of the records table, for read-only operator
+// tools (idem console) that query it through ReadDB. Its columns are
+// described by the store's migrations.
+func (s *Store) Table() string { return s.table }
+
 // migrateRetrying runs migrate until it succeeds, fails for a reason other
 // than SQLITE_BUSY, or the busy timeout has passed. Switching a new file to
 // WAL takes an exclusive lock for which SQLite does not always call the busy
@@ -689,8 +694,8 @@ func (s *Store) saveCheckpoint(ctx context.Context, tx *sql.Tx, p idemstore.Save
 // (idemstore.SaveCheckpointParams.Hold): the Unix epoch, in nanoseconds.
 const heldLeaseEnd = 0
 
-// Stuck implements idemstore.StepStore, walking a partial index of the
-// in-flight records that hold a checkpoint.
+// Stuck implements idemstore.StepStore, walking the partial index of the
+// in-flight records in the order of their leases' ends.
 func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore.StuckRecord, error) {
 	if p.Limit <= 0 {
 		return nil, errors.New("sqlitestore: Stuck needs a positive limit")

@@ -3,6 +3,7 @@ package sqlitestore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,5 +136,41 @@ func TestStaleOwnerStepRollsBack(t *testing.T) {
 	}
 	if len(notes) != 1 || notes[0] != "successor" {
 		t.Errorf("rows = %q, want only the successor's", notes)
+	}
+}
+
+// Version 3 replaces the stuck index with the in-flight index, and Stuck's
+// query is served by it rather than by reading the table.
+func TestInflightIndex(t *testing.T) {
+	t.Parallel()
+	s, _ := open(t)
+	ctx := t.Context()
+	var inflight, stuck int
+	if err := s.ReadDB().QueryRowContext(ctx, `SELECT
+		(SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = ?),
+		(SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = ?)`,
+		s.Table()+"_inflight", s.Table()+"_stuck").Scan(&inflight, &stuck); err != nil {
+		t.Fatal(err)
+	}
+	if inflight != 1 || stuck != 0 {
+		t.Fatalf("indexes after migration: inflight %d, stuck %d; want 1 and 0", inflight, stuck)
+	}
+	rows, err := s.ReadDB().QueryContext(ctx, `EXPLAIN QUERY PLAN SELECT scope, key FROM `+s.Table()+`
+		WHERE state = 1 AND checkpoint IS NOT NULL AND lease_until <= ? AND expires_at > ? ORDER BY lease_until LIMIT 10`, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan += detail + "\n"
+	}
+	if !strings.Contains(plan, s.Table()+"_inflight") {
+		t.Errorf("Stuck's query does not use the in-flight index:\n%s", plan)
 	}
 }

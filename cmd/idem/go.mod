@@ -6,6 +6,7 @@ toolchain go1.27.3
 
 require (
 	github.com/bojanz/currency v1.5.1
+	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/idemhq/idem v0.2.0
 	github.com/idemhq/idem/idemamqp v0.2.0
 	github.com/idemhq/idem/idemnats v0.2.0
@@ -23,6 +24,7 @@ require (
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/time v0.16.0
 )
 
 require (

@@ -264,3 +264,115 @@ func (s *Store) Pending(ctx context.Context) (int64, error) {
 	}
 	return n, nil
 }
+
+var _ outbox.Inspector = (*Store)(nil)
+
+// pendingColumns are the columns of an unsent message for Inspector; the
+// claim counts only while its lease (the server's clock) lasts.
+const pendingColumns = `seq, id, topic, okey, octet_length(payload), created_at, attempts,
+	CASE WHEN claim_until > now() THEN claim_until END`
+
+// scanPending reads pendingColumns (and payload, headers if withPayload).
+func scanPending(row pgx.Row, withPayload bool) (outbox.PendingMessage, error) {
+	var (
+		m     outbox.PendingMessage
+		until *time.Time
+		h     string
+	)
+	dst := []any{&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Size, &m.CreatedAt, &m.Attempts, &until}
+	if withPayload {
+		dst = append(dst, &m.Payload, &h)
+	}
+	if err := row.Scan(dst...); err != nil {
+		return m, err
+	}
+	m.CreatedAt = m.CreatedAt.UTC()
+	if until != nil {
+		m.ClaimedUntil = until.UTC()
+	}
+	if withPayload {
+		var err error
+		if m.Headers, err = outbox.DecodeHeaders(h); err != nil {
+			return m, err
+		}
+	}
+	return m, nil
+}
+
+// Exists reports whether the outbox table exists (Migrate ran), for
+// operator tools that look for an outbox next to the records.
+func (s *Store) Exists(ctx context.Context) (bool, error) {
+	var ok bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.table).Scan(&ok); err != nil {
+		return false, fmt.Errorf("pgoutbox: exists: %w", err)
+	}
+	return ok, nil
+}
+
+// Backlog implements outbox.Inspector, through the index of unsent
+// messages.
+func (s *Store) Backlog(ctx context.Context) (int64, *outbox.PendingMessage, error) {
+	n, err := s.Pending(ctx)
+	if err != nil || n == 0 {
+		return n, nil, err
+	}
+	m, err := scanPending(s.pool.QueryRow(ctx, `SELECT `+pendingColumns+` FROM `+s.table+
+		` WHERE sent_at IS NULL ORDER BY seq LIMIT 1`), false)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil, nil // sent since the count
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("pgoutbox: backlog: %w", err)
+	}
+	return n, &m, nil
+}
+
+// ListPending implements outbox.Inspector, through the index of unsent
+// messages.
+func (s *Store) ListPending(ctx context.Context, p outbox.ListPendingParams) ([]outbox.PendingMessage, error) {
+	if err := outbox.CheckListLimit(p.Limit); err != nil {
+		return nil, err
+	}
+	cols := pendingColumns
+	if p.WithPayload {
+		cols += `, payload, headers`
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+cols+` FROM `+s.table+
+		` WHERE sent_at IS NULL AND seq > $1 ORDER BY seq LIMIT $2`, p.After, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("pgoutbox: list pending: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.PendingMessage, error) {
+		return scanPending(r, p.WithPayload)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgoutbox: list pending: %w", err)
+	}
+	return out, nil
+}
+
+// GetPending implements outbox.Inspector.
+func (s *Store) GetPending(ctx context.Context, seq int64) (outbox.PendingMessage, error) {
+	m, err := scanPending(s.pool.QueryRow(ctx, `SELECT `+pendingColumns+`, payload, headers FROM `+s.table+
+		` WHERE seq = $1 AND sent_at IS NULL`, seq), true)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return m, outbox.ErrNotPending
+	}
+	if err != nil {
+		return m, fmt.Errorf("pgoutbox: pending: %w", err)
+	}
+	return m, nil
+}
+
+// RetryNow implements outbox.Inspector.
+func (s *Store) RetryNow(ctx context.Context, seq int64) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET claimed_by = NULL, claim_until = NULL
+		WHERE seq = $1 AND sent_at IS NULL`, seq)
+	if err != nil {
+		return fmt.Errorf("pgoutbox: retry: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return outbox.ErrNotPending
+	}
+	return nil
+}

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/outbox/outboxtest"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/pgstore/pgoutbox"
 	"github.com/jackc/pgx/v5"
@@ -86,14 +88,14 @@ func setup(t testing.TB) *testBundle {
 
 func (b *testBundle) add(t testing.TB, key string, fail bool, msgs ...outbox.Message) error {
 	t.Helper()
-	_, err := b.exec.Do(context.Background(), idem.DoParams{Scope: "s", Key: key, Fingerprint: "fp"}, func(ctx context.Context) (*idem.Response, error) {
+	_, err := b.exec.Do(context.Background(), idem.DoParams{Scope: "s", Key: key, Fingerprint: "fp"}, func(ctx context.Context) (*idemstore.Response, error) {
 		if err := b.ob.Add(ctx, msgs...); err != nil {
 			return nil, err
 		}
 		if fail {
 			return nil, errors.New("failed after adding")
 		}
-		return &idem.Response{StatusCode: 200}, nil
+		return &idemstore.Response{StatusCode: 200}, nil
 	})
 	return err
 }
@@ -255,4 +257,25 @@ func TestDispatchersShareAnOutbox(t *testing.T) {
 	if total != n {
 		t.Errorf("dispatchers count %d published, want %d", total, n)
 	}
+}
+
+func TestInspector(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if ok, err := b.ob.Exists(ctx); err != nil || !ok {
+		t.Fatalf("Exists after Migrate = %v, %v", ok, err)
+	}
+	other, err := pgoutbox.New(b.pool, &pgoutbox.Config{Table: "no_such_outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := other.Exists(ctx); err != nil || ok {
+		t.Fatalf("Exists of a table never migrated = %v, %v", ok, err)
+	}
+	n := 0
+	outboxtest.RunInspector(t, b.ob, func(ctx context.Context, msgs ...outbox.Message) error {
+		n++
+		return b.add(t, fmt.Sprint("inspect-", n), false, msgs...)
+	})
 }

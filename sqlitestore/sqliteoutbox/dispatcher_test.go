@@ -299,3 +299,35 @@ func TestDispatcherNotify(t *testing.T) {
 	case <-time.After(300 * time.Millisecond): // nothing may happen; bounded wait
 	}
 }
+
+// RetryNow cuts a back-off short: with the broker back, a message whose
+// publish failed goes out at once instead of after an hour's back-off.
+func TestDispatcherRetryNow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if err := b.add(t, "k", false, msg("m1", "")); err != nil {
+		t.Fatal(err)
+	}
+	pub := newRecorder()
+	pub.down.Store(true)
+	d, err := outbox.NewDispatcher(b.ob, pub, &outbox.Config{MinBackoff: time.Hour, MaxBackoff: time.Hour, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-pub.seen // the failed attempt; Run now backs off for an hour
+	pub.down.Store(false)
+	d.Notify() // a notification does not end a back-off
+	d.RetryNow()
+	deadline := time.After(10 * time.Second)
+	for len(pub.published()) == 0 {
+		select {
+		case <-pub.seen:
+		case <-deadline:
+			t.Fatal("RetryNow did not end the back-off: nothing published")
+		}
+	}
+}

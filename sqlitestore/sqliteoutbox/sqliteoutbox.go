@@ -233,5 +233,123 @@ func (s *Store) Pending(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
+var _ outbox.Inspector = (*Store)(nil)
+
+// pendingColumns are the columns of an unsent message for Inspector
+// (payload and headers last, selected only when asked for).
+const pendingColumns = `seq, id, topic, okey, length(payload), created_at, attempts, COALESCE(claim_until, 0)`
+
+// scanPending reads pendingColumns (and payload, headers if withPayload).
+func scanPending(sc interface{ Scan(...any) error }, withPayload bool, now int64) (outbox.PendingMessage, error) {
+	var (
+		m              outbox.PendingMessage
+		created, until int64
+		h              string
+	)
+	dst := []any{&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Size, &created, &m.Attempts, &until}
+	if withPayload {
+		dst = append(dst, &m.Payload, &h)
+	}
+	if err := sc.Scan(dst...); err != nil {
+		return m, err
+	}
+	m.CreatedAt = time.Unix(0, created).UTC()
+	if until > now {
+		m.ClaimedUntil = time.Unix(0, until).UTC()
+	}
+	if withPayload {
+		var err error
+		if m.Headers, err = outbox.DecodeHeaders(h); err != nil {
+			return m, err
+		}
+	}
+	return m, nil
+}
+
+// Exists reports whether the outbox table exists (Migrate ran), for
+// operator tools that look for an outbox next to the records.
+func (s *Store) Exists(ctx context.Context) (bool, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?`, s.table).Scan(&n); err != nil {
+		return false, fmt.Errorf("sqliteoutbox: exists: %w", err)
+	}
+	return n > 0, nil
+}
+
+// Backlog implements outbox.Inspector, through the index of unsent
+// messages.
+func (s *Store) Backlog(ctx context.Context) (int64, *outbox.PendingMessage, error) {
+	n, err := s.Pending(ctx)
+	if err != nil || n == 0 {
+		return n, nil, err
+	}
+	m, err := scanPending(s.db.QueryRowContext(ctx, `SELECT `+pendingColumns+` FROM `+s.table+
+		` WHERE sent_at IS NULL ORDER BY seq LIMIT 1`), false, s.now().UnixNano())
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil, nil // sent since the count
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("sqliteoutbox: backlog: %w", err)
+	}
+	return n, &m, nil
+}
+
+// ListPending implements outbox.Inspector, through the index of unsent
+// messages.
+func (s *Store) ListPending(ctx context.Context, p outbox.ListPendingParams) ([]outbox.PendingMessage, error) {
+	if err := outbox.CheckListLimit(p.Limit); err != nil {
+		return nil, err
+	}
+	cols := pendingColumns
+	if p.WithPayload {
+		cols += `, payload, headers`
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT `+cols+` FROM `+s.table+
+		` WHERE sent_at IS NULL AND seq > ? ORDER BY seq LIMIT ?`, p.After, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("sqliteoutbox: list pending: %w", err)
+	}
+	defer rows.Close()
+	now := s.now().UnixNano()
+	var out []outbox.PendingMessage
+	for rows.Next() {
+		m, err := scanPending(rows, p.WithPayload, now)
+		if err != nil {
+			return nil, fmt.Errorf("sqliteoutbox: list pending: %w", err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqliteoutbox: list pending: %w", err)
+	}
+	return out, nil
+}
+
+// GetPending implements outbox.Inspector.
+func (s *Store) GetPending(ctx context.Context, seq int64) (outbox.PendingMessage, error) {
+	m, err := scanPending(s.db.QueryRowContext(ctx, `SELECT `+pendingColumns+`, payload, headers FROM `+s.table+
+		` WHERE seq = ? AND sent_at IS NULL`, seq), true, s.now().UnixNano())
+	if errors.Is(err, sql.ErrNoRows) {
+		return m, outbox.ErrNotPending
+	}
+	if err != nil {
+		return m, fmt.Errorf("sqliteoutbox: pending: %w", err)
+	}
+	return m, nil
+}
+
+// RetryNow implements outbox.Inspector.
+func (s *Store) RetryNow(ctx context.Context, seq int64) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE `+s.table+` SET claimed_by = NULL, claim_until = NULL
+		WHERE seq = ? AND sent_at IS NULL`, seq)
+	if err != nil {
+		return fmt.Errorf("sqliteoutbox: retry: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return outbox.ErrNotPending
+	}
+	return nil
+}
+
 // errNoTx keeps the idem import honest for documentation links.
 var _ = idem.ErrNoTx

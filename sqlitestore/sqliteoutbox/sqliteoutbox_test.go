@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/outbox"
+	"github.com/idemhq/idem/outbox/outboxtest"
 	"github.com/idemhq/idem/sqlitestore"
 	"github.com/idemhq/idem/sqlitestore/sqliteoutbox"
 )
@@ -50,14 +52,14 @@ func setup(t *testing.T) *testBundle {
 // add adds msgs in an execution under key, the way a handler does.
 func (b *testBundle) add(t *testing.T, key string, fail bool, msgs ...outbox.Message) error {
 	t.Helper()
-	_, err := b.exec.Do(context.Background(), idem.DoParams{Scope: "s", Key: key, Fingerprint: "fp"}, func(ctx context.Context) (*idem.Response, error) {
+	_, err := b.exec.Do(context.Background(), idem.DoParams{Scope: "s", Key: key, Fingerprint: "fp"}, func(ctx context.Context) (*idemstore.Response, error) {
 		if err := b.ob.Add(ctx, msgs...); err != nil {
 			return nil, err
 		}
 		if fail {
 			return nil, errors.New("the operation failed after adding")
 		}
-		return &idem.Response{StatusCode: 200}, nil
+		return &idemstore.Response{StatusCode: 200}, nil
 	})
 	return err
 }
@@ -219,8 +221,8 @@ func TestDeleteSentInBatches(t *testing.T) {
 	}
 	exec, _ := idem.NewExecutor(st, nil)
 	for i := range 25 {
-		if _, err := exec.Do(ctx, idem.DoParams{Scope: "s", Key: fmt.Sprint(i), Fingerprint: "f"}, func(ctx context.Context) (*idem.Response, error) {
-			return &idem.Response{StatusCode: 200}, ob.Add(ctx, msg(fmt.Sprint("m", i), ""))
+		if _, err := exec.Do(ctx, idem.DoParams{Scope: "s", Key: fmt.Sprint(i), Fingerprint: "f"}, func(ctx context.Context) (*idemstore.Response, error) {
+			return &idemstore.Response{StatusCode: 200}, ob.Add(ctx, msg(fmt.Sprint("m", i), ""))
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -263,4 +265,25 @@ func TestDeleteSentInBatches(t *testing.T) {
 	if _, err := sqliteoutbox.New(st.DB(), &sqliteoutbox.Config{Table: "bad-name"}); err == nil {
 		t.Fatal("New accepted a table name that is not an identifier")
 	}
+}
+
+func TestInspector(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if ok, err := b.ob.Exists(ctx); err != nil || !ok {
+		t.Fatalf("Exists after Migrate = %v, %v", ok, err)
+	}
+	other, err := sqliteoutbox.New(b.store.DB(), &sqliteoutbox.Config{Table: "no_such_outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := other.Exists(ctx); err != nil || ok {
+		t.Fatalf("Exists of a table never migrated = %v, %v", ok, err)
+	}
+	n := 0
+	outboxtest.RunInspector(t, b.ob, func(ctx context.Context, msgs ...outbox.Message) error {
+		n++
+		return b.add(t, fmt.Sprint("inspect-", n), false, msgs...)
+	})
 }

@@ -232,7 +232,8 @@ func (l *serverLog) Write(p []byte) (int, error) {
 		l.scanned += i + 1
 		var line struct{ Msg, Addr string }
 		if json.Unmarshal(rest[:i], &line) == nil && line.Addr != "" && (line.Msg == "idem serve listening" ||
-			line.Msg == "idem proxy listening" || line.Msg == "idem consume listening" || line.Msg == "idem provider listening") {
+			line.Msg == "idem proxy listening" || line.Msg == "idem consume listening" || line.Msg == "idem provider listening" ||
+			line.Msg == "idem console listening") {
 			l.found = true
 			l.listening <- line.Addr
 		}

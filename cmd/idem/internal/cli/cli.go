@@ -35,6 +35,7 @@ func commands() []command {
 		{"inspect", "show the idempotency record of a key", runInspect},
 		{"ls", "list idempotency records", runLs},
 		{"delete", "delete the idempotency record of a key", runDelete},
+		{"console", "run the operator console: web pages over a records store", runConsole},
 		{"consume", "book payment events into a ledger exactly once (inbox demo)", runConsume},
 		{"version", "print the version", runVersion},
 	}

@@ -63,6 +63,10 @@ type eventsRun struct {
 	collectors []prometheus.Collector
 	// checks are the broker's readiness check (none without --events).
 	checks []*readyCheck
+	// outbox is the outbox for the console (nil without --events), and
+	// retryNow wakes the dispatcher out of a back-off.
+	outbox   outbox.Inspector
+	retryNow func()
 }
 
 // after wraps next so that the dispatcher is woken once a request is
@@ -130,8 +134,9 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string,
 		}
 		return nil
 	}
+	oi, _ := ob.(outbox.Inspector)
 	return eventsRun{hook: hook, wait: func() { <-done }, notify: d.Notify, collectors: eventsCollectors(d, ob),
-		checks: []*readyCheck{brokerCheck(conn, *ef.url)}}, nil
+		checks: []*readyCheck{brokerCheck(conn, *ef.url)}, outbox: oi, retryNow: d.RetryNow}, nil
 }
 
 // eventsCollectors are the dispatcher's metrics: what it published, what

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/cmd/idem/internal/console"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/proxy"
 )
@@ -63,6 +64,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	f.Var(&maxRequest, "max-request-body", "largest body of a protected request (413 above it); units KiB, MiB,\nKB, MB...")
 	maxResponse := proxy.SizeFlag(idem.DefaultMaxResponseBody)
 	f.Var(&maxResponse, "max-response-body", "largest response stored for replay; a larger one reaches the client\nbut a retry gets 409 response_unavailable")
+	cf := f.serverConsoleFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -119,6 +121,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 
+	consoleToken, err := cf.check("console-addr", *cf.addr, func(msg string) { logger.Warn(msg) })
+	if err != nil {
+		fmt.Fprintf(stderr, "idem proxy: %v\n", err)
+		return exitUsage
+	}
 	enc, encAttr, err := encFlags.load(logger, longestTTL(*ttl, file))
 	if err != nil {
 		fmt.Fprintf(stderr, "idem proxy: %v\n", err)
@@ -184,6 +191,19 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return exitError
 		}
 		adminWhere = "/healthz, /readyz and /metrics on " + adminLn.Addr().String()
+	}
+	if *cf.addr != "" {
+		wait, err := serveConsole(ctx, console.Config{Store: store, Spec: *storeSpec, Rates: m.Rates, Encryption: enc,
+			ShowBody: *cf.showBody, Token: consoleToken, TTL: *ttl, Title: "idem proxy", Logger: logger},
+			*cf.addr, consoleToken, logger, *sf.accessLog, *sf.shutdown)
+		if err != nil {
+			ln.Close()
+			if adminLn != nil {
+				adminLn.Close()
+			}
+			return exitError
+		}
+		defer wait()
 	}
 	routes := 0
 	if file != nil {

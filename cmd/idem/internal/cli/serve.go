@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/cmd/idem/internal/console"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
 	"github.com/idemhq/idem/idemstore"
@@ -47,6 +49,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	claimInTx := f.Bool("claim-in-tx", true, "claim a new key inside the payment's transaction, so that a first\nexecution commits once (records in --db only; not with --op-delay or\n--provider, whose operations run outside the database)")
 	ef := f.eventsFlags()
 	pf := f.providerFlags()
+	cf := f.serverConsoleFlags()
 	if code, ok := f.parse(args); !ok {
 		return code
 	}
@@ -79,6 +82,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if *ttl < *lease {
 		return f.usageError("--ttl (%v) must not be shorter than --lease (%v)", *ttl, *lease)
+	}
+	consoleToken, err := cf.check("console-addr", *cf.addr, func(msg string) { logger.Warn(msg) })
+	if err != nil {
+		fmt.Fprintf(stderr, "idem serve: %v\n", err)
+		return exitUsage
 	}
 	enc, encAttr, err := encFlags.load(logger, *ttl)
 	if err != nil {
@@ -213,11 +221,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitError
 	}
 	create, get, count := http.HandlerFunc(svc.Create), http.HandlerFunc(svc.Get), http.HandlerFunc(svc.Count)
+	var exec *idem.Executor
 	if psvc != nil {
 		create, get, count = psvc.Create, psvc.GetStep, psvc.Count
 		// The reconciler's executor shares the records' settings, not the
 		// middleware's HTTP ones.
-		exec, err := idem.NewExecutor(mwStore, &idem.Config{Lease: idemCfg.Lease, TTL: idemCfg.TTL,
+		exec, err = idem.NewExecutor(mwStore, &idem.Config{Lease: idemCfg.Lease, TTL: idemCfg.TTL,
 			StoreTimeout: idemCfg.StoreTimeout, Observer: idemCfg.Observer, Logger: idemCfg.Logger,
 			Encryption: idemCfg.Encryption, DeriveKeySecret: idemCfg.DeriveKeySecret, ClaimInTx: idemCfg.ClaimInTx})
 		if err != nil {
@@ -245,6 +254,21 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		logger.Error("cannot listen", "addr", *sf.addr, "error", err)
 		return exitError
+	}
+	if *cf.addr != "" {
+		ccfg := console.Config{Store: records, Spec: cmp.Or(*storeSpec, *db), Outbox: evs.outbox, RetryNowFunc: evs.retryNow,
+			Rates: m.Rates, Encryption: enc, ShowBody: *cf.showBody, Token: consoleToken, TTL: *ttl, Title: "idem serve", Logger: logger}
+		if psvc != nil {
+			ccfg.ReconcileFunc = consoleReconcile(exec, records.Records, enc, psvc, *pf.budget)
+			ccfg.DeriveKeyFunc = func(scope, key, step string) string { return idem.DeriveKeyWith(secret, scope, key, step) }
+			ccfg.StepNames = payments.StepNames
+		}
+		wait, err := serveConsole(ctx, ccfg, *cf.addr, consoleToken, logger, *sf.accessLog, *sf.shutdown)
+		if err != nil {
+			ln.Close()
+			return exitError
+		}
+		defer wait()
 	}
 	var where string
 	if records != dbStore {

@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/cmd/idem/internal/payments"
+	"github.com/idemhq/idem/idemcrypt"
 	"github.com/idemhq/idem/idemstore"
 )
 
@@ -173,6 +174,47 @@ func reconcileLoop(ctx context.Context, exec *idem.Executor, store idemstore.Sto
 		case <-t.C:
 		}
 		reconcilePass(ctx, exec, ss, svc, params, pm, logger)
+	}
+}
+
+// consoleReconcile returns the console's "reconcile now" of one suspended
+// payment: what the reconciler does for each stuck record
+// (idem.Executor.Reconcile), for the one the operator chose. It refuses a
+// record that is not suspended (in flight, with a recovery point, its
+// lease ended) and reports an operation that ended without an outcome
+// again (the provider still failing). The operation gets the provider
+// budget and a margin.
+func consoleReconcile(exec *idem.Executor, records idemstore.Store, enc *idemcrypt.Encryption, svc *payments.ProviderService, budget time.Duration) func(ctx context.Context, scope, key string) error {
+	return func(ctx context.Context, scope, key string) error {
+		in, ok := records.(idemstore.Inspector)
+		if !ok {
+			return errors.New("the records store cannot be inspected")
+		}
+		ctx, cancel := context.WithTimeout(ctx, budget+30*time.Second)
+		defer cancel()
+		ri, err := in.Get(ctx, idemstore.GetParams{Scope: scope, Key: key, Now: time.Now()})
+		if err != nil {
+			return err
+		}
+		if ri.State != idemstore.StateInFlight || len(ri.Checkpoint) == 0 || ri.LeaseExpiresAt.After(time.Now()) {
+			return fmt.Errorf("%w: the record is not suspended after a step", idem.ErrInFlight)
+		}
+		cp, err := enc.OpenCheckpoint(ctx, scope, key, ri.Fingerprint, ri.Checkpoint)
+		if err != nil {
+			return err
+		}
+		op, err := svc.Resume(ctx, idemstore.StuckRecord{Scope: scope, Key: key, Fingerprint: ri.Fingerprint, Checkpoint: cp, LeaseExpiresAt: ri.LeaseExpiresAt})
+		if err != nil {
+			return err
+		}
+		r, err := exec.Do(ctx, idem.DoParams{Scope: scope, Key: key, Fingerprint: ri.Fingerprint, Operation: "POST /api/payments (console reconcile)"}, op)
+		if err != nil {
+			return err
+		}
+		if r.Released || r.Suspended {
+			return errors.New("the payment is still incomplete: the provider could not be charged within the budget; it stays suspended")
+		}
+		return nil
 	}
 }
 

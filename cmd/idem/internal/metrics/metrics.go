@@ -26,12 +26,17 @@ type Metrics struct {
 	running   prometheus.Gauge
 
 	executions, replays, rejected400, conflicts409, mismatches422, unavailable503, leaseLost prometheus.Counter
+
+	// rates is the recent history of the main outcomes, for the console.
+	rates rates
+	// now is the clock of the history. Defaults to time.Now.
+	now func() time.Time
 }
 
 // New returns a registry with the idem collectors and the Go runtime and
 // process collectors.
 func New() *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry()}
+	m := &Metrics{reg: prometheus.NewRegistry(), now: time.Now}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	counter := func(name, help string) prometheus.Counter {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
@@ -86,12 +91,16 @@ func (m *Metrics) Observe(_ context.Context, e idem.Event) {
 	switch e.Kind {
 	case idem.EventExecuted:
 		m.executions.Inc()
+		m.rates.add(RateExecutions, m.now())
 	case idem.EventReplayed:
 		m.replays.Inc()
+		m.rates.add(RateReplays, m.now())
 	case idem.EventInFlight:
 		m.conflicts409.Inc()
+		m.rates.add(RateConflicts, m.now())
 	case idem.EventMismatch:
 		m.mismatches422.Inc()
+		m.rates.add(RateMismatches, m.now())
 	case idem.EventLeaseLost:
 		m.leaseLost.Inc()
 	case idem.EventRejected:
@@ -102,6 +111,7 @@ func (m *Metrics) Observe(_ context.Context, e idem.Event) {
 		if e.Status == http.StatusServiceUnavailable {
 			m.unavailable503.Inc()
 		}
+		m.rates.add(RateStoreErrors, m.now())
 	}
 }
 

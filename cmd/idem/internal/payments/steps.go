@@ -89,6 +89,10 @@ const (
 	stepCharge  = "charge"
 )
 
+// StepNames are the steps of a provider payment, in order (for the
+// operator console, which shows the ones not reached yet as pending).
+var StepNames = []string{stepPayment, stepCharge}
+
 // CodeStepIncomplete is the problem code of a 503 for a payment whose
 // provider step did not complete within the budget: the payment stays
 // pending and a retry with the same key resumes it.
