@@ -19,21 +19,24 @@ import (
 
 // The whole contract holds with synchronous and with asynchronous claim
 // commits (Config.AsyncClaim), and with duplicates answered by a read
-// before the claim statement (Config.ReadFirst).
+// before the claim statement (Config.ReadFirst), on pgx (New) and on
+// database/sql (NewDB).
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		name string
-		cfg  *pgstore.Config
-	}{{"sync", nil}, {"async-claim", &pgstore.Config{AsyncClaim: true}}, {"read-first", &pgstore.Config{AsyncClaim: true, ReadFirst: true}}} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			storetest.Run(t, storetest.Harness{
-				NewStore:    func(t *testing.T) idemstore.Store { return newFixture(t, c.cfg).store },
-				ServerClock: true,
+	eachMode(t, func(t *testing.T, mode string) {
+		for _, c := range []struct {
+			name string
+			cfg  *pgstore.Config
+		}{{"sync", nil}, {"async-claim", &pgstore.Config{AsyncClaim: true}}, {"read-first", &pgstore.Config{AsyncClaim: true, ReadFirst: true}}} {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				storetest.Run(t, storetest.Harness{
+					NewStore:    func(t *testing.T) idemstore.Store { return newFixtureIn(t, mode, c.cfg).store },
+					ServerClock: true,
+				})
 			})
-		})
-	}
+		}
+	})
 }
 
 const fpA = idem.FingerprintVersion + ":aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
