@@ -60,7 +60,7 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // Store is an outbox table in PostgreSQL. It implements outbox.Store.
 type Store struct {
 	db      pgdb.DB
-	sqlMode bool   // made by NewDB: Add uses pgstore.SQLTx
+	sqlMode bool // made by NewDB: Add uses pgstore.SQLTx
 	schema  string
 	table   string // quoted and schema-qualified
 	name    string // the table's own name, for its indexes
