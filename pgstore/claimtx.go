@@ -28,6 +28,10 @@ import (
 // The operation's own statements run with the session's default
 // lock_timeout. A take-over of an abandoned record commits at once, as in
 // Claim, and returns no transaction.
+//
+// On a Store made by NewDB, database/sql sends BEGIN, the claim, the
+// statement restoring lock_timeout, the completion and COMMIT each in a
+// round trip of its own: five where pgx batches them into two.
 func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
 	if r, ok, err := s.answerFirst(ctx, p); ok || err != nil {
 		return r, nil, err
