@@ -2,9 +2,11 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 )
 
@@ -39,4 +41,58 @@ func ExampleExecutor_Do() {
 	// charged replayed: true
 	// error: idem: the key was already used with a different request
 	// charges: 1
+}
+
+// An operation whose provider was down stopped after its first step, and
+// its client never retried. Executor.Reconcile finds it, runs it again
+// through the function resume returns, and completes it. The completed step
+// does not run again.
+func ExampleExecutor_Reconcile() {
+	store, _ := memstore.New(nil)
+	exec, _ := idem.NewExecutor(store, nil)
+
+	providerDown := true
+	refund := func(ctx context.Context) (*idem.Response, error) {
+		_, err := idem.Step(ctx, "ledger", func(context.Context) ([]byte, error) {
+			fmt.Println("ledger entry written")
+			return nil, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		_, err = idem.Step(ctx, "provider", func(context.Context) ([]byte, error) {
+			if providerDown {
+				return nil, errors.New("provider unavailable")
+			}
+			fmt.Println("refund sent")
+			return nil, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &idem.Response{StatusCode: 200, Body: []byte("refunded")}, nil
+	}
+	res, err := exec.Do(context.Background(), idem.DoParams{
+		Scope: idem.Scope("tenant-1", "refund"), Key: "refund-8", Fingerprint: "v1:example",
+	}, refund)
+	fmt.Println("client:", err, "suspended:", res.Suspended)
+
+	providerDown = false
+	// resume rebuilds the operation of a stuck record; here every record
+	// is a refund.
+	resume := func(ctx context.Context, rec idemstore.StuckRecord) (idem.Operation, error) {
+		fmt.Println("resuming", rec.Key)
+		return refund, nil
+	}
+	rr, err := exec.Reconcile(context.Background(), idem.ReconcileParams{}, resume)
+	fmt.Printf("%+v %v\n", rr, err)
+	rr, err = exec.Reconcile(context.Background(), idem.ReconcileParams{}, resume)
+	fmt.Printf("%+v %v\n", rr, err)
+	// Output:
+	// ledger entry written
+	// client: provider unavailable suspended: true
+	// resuming refund-8
+	// refund sent
+	// {Found:1 Completed:1 Failed:0 Held:0} <nil>
+	// {Found:0 Completed:0 Failed:0 Held:0} <nil>
 }
