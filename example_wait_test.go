@@ -41,8 +41,7 @@ func ExampleConfig_wait() {
 	noWait, _ := idem.NewMiddleware(store, nil)
 	wait, _ := idem.NewMiddleware(store, &idem.Config{Wait: 10 * time.Second, Observer: claims})
 
-	started := make(chan struct{}, 1)
-	finish := make(chan struct{})
+	started, finish := make(chan struct{}), make(chan struct{})
 	runs := 0
 	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
@@ -78,17 +77,16 @@ func ExampleConfig_wait() {
 	go func() { first <- send("/reports", `"r-1"`) }()
 	<-started
 	fmt.Println("duplicate:", send("/reports", `"r-1"`))
-	close(finish)
+	finish <- struct{}{}
 	fmt.Println("first:", <-first)
 
 	// With waiting.
-	finish = make(chan struct{})
 	go func() { first <- send("/waiting/reports", `"r-2"`) }()
 	<-started
 	duplicate := make(chan string)
 	go func() { duplicate <- send("/waiting/reports", `"r-2"`) }()
 	<-claims.second // the duplicate found the first attempt in flight
-	close(finish)
+	finish <- struct{}{}
 	fmt.Println("first:", <-first)
 	fmt.Println("duplicate:", <-duplicate)
 	fmt.Println("handler runs:", runs)
