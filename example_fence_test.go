@@ -31,10 +31,11 @@ func (l *fencedLedger) set(fence int64, balance int) error {
 }
 
 // A first attempt stalls past its lease, and a retry takes the record
-// over. The retry's fence (RequestInfo.Fence) is higher, so when the stale
+// over. The retry's fence (RequestInfo.Fence) is higher. When the stale
 // first attempt wakes up, the downstream ledger refuses its write, and Do
-// returns ErrLeaseLost to it. Later retries replay the retry's response. The example moves a fake clock
-// (Config.NowFunc) instead of waiting for the lease to run out.
+// returns ErrLeaseLost to it. Later retries replay the retry's response.
+// The example moves a fake clock (Config.NowFunc) instead of waiting for the
+// lease to run out.
 func ExampleRequestInfo() {
 	var now atomic.Int64
 	now.Store(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC).UnixNano())
