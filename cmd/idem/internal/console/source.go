@@ -69,7 +69,7 @@ type SourceInfo struct {
 
 // ErrChanged is returned by Delete and Release when the record is no
 // longer what the operator confirmed: its state, lease or fence changed.
-var ErrChanged = errors.New("console: the record changed since it was shown")
+var ErrChanged = errors.New("console: the record changed since it was confirmed (another action, perhaps from another tab, or a new claim): nothing was done")
 
 // SummaryCap bounds each count of Summary: past it the page says "more
 // than". It keeps the overview's cost bounded on any store.
