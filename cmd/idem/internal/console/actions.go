@@ -160,6 +160,7 @@ func (c *Console) actRecord(w http.ResponseWriter, r *http.Request, s session) {
 			status = http.StatusServiceUnavailable
 		}
 	}
+	err = redactKey(err, ref.Key)
 	c.audit(r, s, action, ref, row, err)
 	if err != nil {
 		c.fail(w, r, s, status, fmt.Errorf("%s: %w", action, err))

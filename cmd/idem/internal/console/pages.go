@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemhq/idem"
@@ -429,6 +428,7 @@ func (c *Console) search(w http.ResponseWriter, r *http.Request, s session) {
 	defer cancel()
 	now := c.cfg.NowFunc()
 	rows, note, err := c.src.Find(ctx, scope, key, now)
+	err = redactKey(err, key)
 	if err != nil {
 		c.storeFailed(w, r, s, err)
 		return
@@ -641,18 +641,6 @@ func (c *Console) steps(ctx context.Context, row Row) ([]stepView, string) {
 		note = "No step has been recorded."
 	}
 	return out, note
-}
-
-// printable returns b as text when it is UTF-8 without control characters
-// (line breaks and tabs kept), and Go-quoted otherwise. The template
-// escapes it for HTML either way.
-func printable(b []byte) string {
-	if utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool {
-		return r != '\n' && r != '\t' && r != '\r' && unicode.IsControl(r) || r == utf8.RuneError
-	}) {
-		return string(b)
-	}
-	return strconv.Quote(string(b))
 }
 
 func sortedKeys(h http.Header) []string {
