@@ -104,6 +104,9 @@ const (
 	AnyState       State = ""
 	StateInFlight  State = "in-flight"
 	StateSuspended State = "suspended"
+	// StateHeld selects the suspended records that reconciliation gave
+	// up on, held for an operator (idemstore.Record.Held).
+	StateHeld      State = "held"
 	StateCompleted State = "completed"
 	StateExpired   State = "expired"
 )

@@ -165,7 +165,7 @@ func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Pag
 	}
 	st := idemstore.RecordState(0)
 	switch q.State {
-	case StateInFlight, StateSuspended:
+	case StateInFlight, StateSuspended, StateHeld:
 		st = idemstore.StateInFlight
 	case StateCompleted:
 		st = idemstore.StateCompleted
@@ -190,7 +190,7 @@ func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Pag
 			continue
 		}
 		row := s.row(r, stuck)
-		if q.State == StateSuspended && !row.suspended(now) {
+		if q.State == StateSuspended && !row.suspended(now) || q.State == StateHeld && !row.Held() {
 			continue
 		}
 		rows = append(rows, row)
