@@ -3,6 +3,8 @@ package console
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"html/template"
@@ -334,26 +336,40 @@ func (c *Console) parseQuery(r *http.Request, now time.Time) (Query, recordsData
 	return out, d, nil
 }
 
+// cursorRefPrefix marks the store cursors the console remembers among
+// its record ids.
+const cursorRefPrefix = "cursor:"
+
 // formatCursor writes a cursor for a URL: the sort value and the last
-// row's id (its name stays in the console's memory), or an offset.
+// row's id (its name stays in the console's memory), or the digest of a
+// store's cursor (the cursor stays in the console's memory).
 func (c *Console) formatCursor(cur *Cursor) string {
 	if cur == nil {
 		return ""
 	}
-	if cur.Scope == "" && cur.Key == "" {
-		return "o" + strconv.Itoa(cur.Offset)
+	if cur.Token != "" {
+		// A store's cursor may name a record (memstore's holds its
+		// scope and key): the URL carries a digest, the console keeps
+		// the cursor.
+		sum := sha256.Sum256([]byte(cur.Token))
+		d := hex.EncodeToString(sum[:16])
+		c.refs.remember(cursorRefPrefix+d, Ref{StoreID: cur.Token})
+		return "t" + d
 	}
 	id := c.refs.remember(RecordID(cur.Scope, cur.Key), Ref{Scope: cur.Scope, Key: cur.Key})
 	return strconv.FormatInt(cur.Sort, 10) + "." + id
 }
 
 func (c *Console) parseCursor(v string) (*Cursor, error) {
-	if off, ok := strings.CutPrefix(v, "o"); ok {
-		n, err := strconv.Atoi(off)
-		if err != nil || n < 0 || n > MaxScan {
-			return nil, bad("after: bad offset %q", v)
+	if d, ok := strings.CutPrefix(v, "t"); ok {
+		if len(d) != 32 || strings.Trim(d, "0123456789abcdef") != "" {
+			return nil, bad("after: bad cursor %q", v)
 		}
-		return &Cursor{Offset: n}, nil
+		ref, ok := c.refs.lookup(cursorRefPrefix + d)
+		if !ok || ref.StoreID == "" {
+			return nil, bad("after: this page link expired (the console restarted or forgot it); start from the first page")
+		}
+		return &Cursor{Token: ref.StoreID}, nil
 	}
 	sort, id, ok := strings.Cut(v, ".")
 	n, err := strconv.ParseInt(sort, 10, 64)

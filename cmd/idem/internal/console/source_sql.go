@@ -134,7 +134,7 @@ func (s *sqlSource) scanRow(r interface{ Scan(...any) error }, extra ...any) (Ro
 }
 
 func (s *sqlSource) Describe() SourceInfo {
-	return SourceInfo{Kind: s.kind, Paged: true, Steps: true}
+	return SourceInfo{Kind: s.kind, Sorted: true, Steps: true}
 }
 
 func (s *sqlSource) RefOf(string) (Ref, bool) { return Ref{}, false }
