@@ -74,6 +74,33 @@ func ParseCheckpoint(b []byte) ([]StepState, error) {
 	return d.Steps, err
 }
 
+// CheckpointInfo is what a checkpoint records about its operation: its
+// steps, and what reconciliation counts (ReconcileParams.MaxAttempts,
+// MaxAge).
+type CheckpointInfo struct {
+	// Steps are the steps in the order they were first recorded.
+	Steps []StepState
+	// Since is when the operation's first recovery point was saved, by
+	// the core's clock; zero when the checkpoint does not say.
+	Since time.Time
+	// Attempts counts the attempts that ended without a stored outcome,
+	// a client's and the reconciler's alike.
+	Attempts int
+	// Held reports that reconciliation gave up on the operation: the
+	// record is held for an operator (idemstore.Record.Held).
+	Held bool
+}
+
+// ParseCheckpointInfo decodes a checkpoint as ParseCheckpoint does, with
+// its attempts, age and hold.
+func ParseCheckpointInfo(b []byte) (CheckpointInfo, error) {
+	d, err := parseCheckpointDoc(b)
+	if err != nil {
+		return CheckpointInfo{}, err
+	}
+	return CheckpointInfo{Steps: d.Steps, Since: d.Since, Attempts: d.Attempts, Held: d.Held}, nil
+}
+
 func parseCheckpointDoc(b []byte) (checkpointDoc, error) {
 	var d checkpointDoc
 	if len(b) == 0 {

@@ -118,6 +118,15 @@ type Console struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// acting holds the ids of the records an action runs on, so that
+	// a second action on one record (another tab, a double click) is
+	// refused at once instead of racing the first. Entries live only
+	// while their request runs.
+	acting struct {
+		sync.Mutex
+		ids map[string]struct{}
+	}
+
 	total struct {
 		sync.Mutex
 		n       int64

@@ -23,6 +23,7 @@ func TestListingPlans(t *testing.T) {
 		{name: "completed", q: Query{State: StateCompleted, Limit: 50}, index: "pkey"},
 		{name: "in flight", q: Query{State: StateInFlight, Limit: 50}, index: "inflight"},
 		{name: "suspended", q: Query{State: StateSuspended, Limit: 50}, index: "inflight"},
+		{name: "held", q: Query{State: StateHeld, Limit: 50}, index: "inflight"},
 		{name: "expired", q: Query{State: StateExpired, Limit: 50}, index: "expires_at"},
 		{name: "age", q: Query{Before: now.Add(time.Hour), Limit: 50}, index: "expires_at"},
 		{name: "next page", q: Query{Limit: 50, After: &Cursor{Scope: "s", Key: "k"}}, index: "pkey"},
