@@ -106,7 +106,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	// rec is set when the handler runs.
 	var rec *recorder
-	res, err := m.exec.do(r.Context(), p, func(ctx context.Context) (*Response, error) {
+	ex.call.init(m.exec, r.Context(), p, func(ctx context.Context) (*Response, error) {
 		info, _ := InfoFromContext(ctx)
 		rec = &ex.rec
 		*rec = recorder{w: w, m: m, limit: m.cfg.MaxResponseBody, header: make(http.Header), expiresAt: info.ExpiresAt}
@@ -115,7 +115,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return nil, errClientGone
 		}
 		return rec.response(), nil
-	}, start, &ex.res)
+	}, start)
+	res, err := ex.call.run()
 	m.answer(w, r, next, ex, rec, res, err)
 }
 
@@ -130,7 +131,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 type exchange struct {
 	body   replayBody
 	rec    recorder
-	res    Result
+	call   call
 	fields [3]string
 }
 
