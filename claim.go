@@ -10,15 +10,17 @@ import (
 )
 
 // call is the state of one Executor.Do: what it claims, what it has learned
-// on the way, the Result it fills and, once it owns the claim, the
-// execution. The steps of the claim loop are its methods. Everything lives
-// in this one allocation; the middleware keeps a call inside its
-// per-request state, so that a request pays for it once.
+// on the way, and the Result it fills. The steps of the claim loop are its
+// methods. A call lives on its caller's stack; only the Result (which the
+// caller keeps, in the middleware's per-request state) is allocated. Once
+// the call owns the claim, the execution (execution.go) holds the state of
+// the run, allocated only then. Replays stay small that way: on a grown
+// store every byte allocated costs garbage-collector work scanning it.
 type call struct {
 	e     *Executor
 	ctx   context.Context
 	p     DoParams
-	op    Operation
+	op    operation
 	start time.Time // when the request reached idem; events measure from it
 
 	// cp is the claim as the stores see it (with idemcrypt.Config.HashKey,
@@ -31,13 +33,25 @@ type call struct {
 	// w waits for an in-flight record, in wait mode; nil until needed.
 	w *waiter
 
-	res Result
-	x   execution
+	res *Result
+	// x is the execution, once the call owns the claim.
+	x *execution
 }
 
-// init prepares c to run op for p, for a request that reached idem at start.
-func (c *call) init(e *Executor, ctx context.Context, p DoParams, op Operation, start time.Time) {
-	c.e, c.ctx, c.p, c.op, c.start = e, ctx, p, op, start
+// operation is the work a call runs under its claim: an Operation for
+// Executor.Do, the middleware's exchange for a request. As an interface
+// holding a pointer it costs no allocation of its own.
+type operation interface {
+	run(ctx context.Context) (*Response, error)
+}
+
+func (op Operation) run(ctx context.Context) (*Response, error) { return op(ctx) }
+
+// do runs a call of op for p, for a request that reached idem at start,
+// filling res.
+func (e *Executor) do(ctx context.Context, p DoParams, op operation, start time.Time, res *Result) (*Result, error) {
+	c := call{e: e, ctx: ctx, p: p, op: op, start: start, res: res}
+	return c.run()
 }
 
 // run is the claim loop: it claims the key and acts on the answer, and
@@ -68,7 +82,7 @@ func (c *call) run() (*Result, error) {
 			cr, err = c.claim()
 		}
 		if err != nil {
-			return &c.res, c.storeFailure("claim", err)
+			return c.res, c.storeFailure("claim", err)
 		}
 		c.res.ExpiresAt = cr.Record.ExpiresAt
 		switch cr.Outcome {
@@ -76,22 +90,22 @@ func (c *call) run() (*Result, error) {
 			return c.execute(cr, tx)
 
 		case idemstore.ClaimCompleted:
-			return &c.res, c.replay(cr.Record.Response)
+			return c.res, c.replay(cr.Record.Response)
 
 		case idemstore.ClaimMismatch:
 			if c.matchesOlderVersion(cr.Record.Fingerprint) {
 				continue
 			}
 			c.emit(Event{Kind: EventMismatch, Operation: c.p.Operation, Status: 422, Code: CodeKeyReused, Waited: c.res.Waited})
-			return &c.res, ErrFingerprintMismatch
+			return c.res, ErrFingerprintMismatch
 
 		case idemstore.ClaimInFlight:
 			if err := c.waitInFlight(); err != nil {
-				return &c.res, err
+				return c.res, err
 			}
 
 		default:
-			return &c.res, c.storeFailure("claim", fmt.Errorf("unknown claim outcome %d", cr.Outcome))
+			return c.res, c.storeFailure("claim", fmt.Errorf("unknown claim outcome %d", cr.Outcome))
 		}
 	}
 }

@@ -9,9 +9,8 @@ import (
 	"github.com/idemhq/idem/idemstore"
 )
 
-// execution is one run of an operation under a claim it owns. It lives in
-// its call's allocation; the operation's context carries a pointer to it
-// (InfoFromContext, TxFromContext, Step).
+// execution is one run of an operation under a claim it owns; the
+// operation's context carries it (InfoFromContext, TxFromContext, Step).
 type execution struct {
 	e        *Executor
 	p        DoParams
@@ -41,7 +40,7 @@ var errPanicked = errors.New("idem: the operation panicked")
 // the operation runs in it, and no lease renewal runs, since nobody can take
 // an uncommitted claim over.
 func (c *call) execute(cr idemstore.ClaimResult, claimed *txHolder) (*Result, error) {
-	e, ctx, p, res := c.e, c.ctx, c.p, &c.res
+	e, ctx, p, res := c.e, c.ctx, c.p, c.res
 	res.TookOver = cr.TookOver
 	if cr.TookOver {
 		e.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: took over a record whose lease had expired",
@@ -56,11 +55,16 @@ func (c *call) execute(cr idemstore.ClaimResult, claimed *txHolder) (*Result, er
 	// that was done is recorded even if the client has gone. Each call is
 	// bounded by StoreTimeout instead.
 	detached := context.WithoutCancel(ctx)
-	x := &c.x
-	x.e, x.p, x.start, x.tookOver = e, p, c.start, cr.TookOver
-	x.ids = idemstore.ReleaseParams{Scope: c.cp.Scope, Key: c.cp.Key, Token: c.cp.Token}
-	x.info = RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload,
-		Fence: cr.Record.Fence}
+	x := &execution{
+		e:        e,
+		p:        p,
+		ids:      idemstore.ReleaseParams{Scope: c.cp.Scope, Key: c.cp.Key, Token: c.cp.Token},
+		start:    c.start,
+		tookOver: cr.TookOver,
+		info: RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload,
+			Fence: cr.Record.Fence},
+	}
+	c.x = x
 	switch {
 	case claimed != nil:
 		x.tx = claimed
@@ -85,7 +89,7 @@ func (c *call) execute(cr idemstore.ClaimResult, claimed *txHolder) (*Result, er
 			x.record(detached, nil, errPanicked)
 		}
 	}()
-	resp, opErr := c.op(context.WithValue(opCtx, execKey{}, x))
+	resp, opErr := c.op.run(context.WithValue(opCtx, execKey{}, x))
 	returned = true
 	end(opErr)
 	released, err := x.record(detached, resp, opErr)

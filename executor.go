@@ -186,9 +186,7 @@ type Operation func(ctx context.Context) (*Response, error)
 // completed record whose response cannot be decrypted yields
 // ErrRecordUnreadable, and op does not run.
 func (e *Executor) Do(ctx context.Context, p DoParams, op Operation) (*Result, error) {
-	c := &call{}
-	c.init(e, ctx, p, op, e.cfg.NowFunc())
-	return c.run()
+	return e.do(ctx, p, op, e.cfg.NowFunc(), &Result{})
 }
 
 func (e *Executor) storeFailure(ctx context.Context, p DoParams, start time.Time, op string, err error) error {
