@@ -285,6 +285,9 @@ type problemWriter struct {
 	body   []byte
 }
 
-func (w *problemWriter) Header() http.Header         { return w.header }
-func (w *problemWriter) WriteHeader(code int)        { w.status = code }
-func (w *problemWriter) Write(p []byte) (int, error) { w.body = append(w.body, p...); return len(p), nil }
+func (w *problemWriter) Header() http.Header  { return w.header }
+func (w *problemWriter) WriteHeader(code int) { w.status = code }
+func (w *problemWriter) Write(p []byte) (int, error) {
+	w.body = append(w.body, p...)
+	return len(p), nil
+}
