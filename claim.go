@@ -171,7 +171,7 @@ func (c *call) replay(resp *Response) error {
 // must not hold the request for as long as the client waits.
 func (c *call) claim() (idemstore.ClaimResult, error) {
 	ctx, end := c.e.phase(c.ctx, PhaseClaim, &c.p)
-	ctx, cancel := context.WithTimeout(ctx, c.e.cfg.StoreTimeout)
+	ctx, cancel := c.e.storeCall(ctx)
 	defer cancel()
 	cr, err := c.e.store.Claim(ctx, c.cp)
 	end(err)

@@ -159,7 +159,7 @@ func (x *execution) record(ctx context.Context, resp *Response, opErr error) (bo
 		}
 	} else {
 		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
-		sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
+		sctx, cancel := e.storeCall(pctx)
 		err := e.completeWith(sctx, e.store.Complete, cp, x.p)
 		cancel()
 		end(err)
@@ -208,7 +208,7 @@ func (x *execution) release(ctx context.Context, tx idemstore.Tx) error {
 		return nil
 	}
 	pctx, end := e.phase(ctx, PhaseRelease, &x.p)
-	sctx, cancel := context.WithTimeout(pctx, e.cfg.StoreTimeout)
+	sctx, cancel := e.storeCall(pctx)
 	defer cancel()
 	p := x.ids
 	p.Now = e.cfg.NowFunc()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/idemcrypt"
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/memstore"
 )
 
 // Errors returned by Executor.Do. The middleware maps each to its HTTP
@@ -69,7 +70,29 @@ type Executor struct {
 	// server, so they need uniqueness, not secrecy.
 	tokenPrefix string
 	tokenSeq    atomic.Uint64
+
+	// unstalling reports that the request path's store calls cannot
+	// stall, so that they need no deadline of their own (see storeCall).
+	unstalling bool
 }
+
+// storeCall returns the context for one store call of the request path
+// (claim, complete, release), bounded by StoreTimeout so that a store that
+// stops answering cannot hold a request for as long as its client waits.
+// A store whose calls cannot stall gets no deadline: memstore's are map
+// operations under a shard's lock, with no I/O and no wait on another
+// caller. Without encryption (a key provider may call out) such a call
+// skips the runtime timer and four allocations a deadline costs
+// (docs/BENCHMARKS.md). A store that wraps a memstore is not a memstore:
+// it keeps its deadlines.
+func (e *Executor) storeCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	if e.unstalling {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, e.cfg.StoreTimeout)
+}
+
+func noCancel() {}
 
 func (e *Executor) newToken() string {
 	var buf [48]byte
@@ -104,6 +127,8 @@ func newExecutor(store idemstore.Store, cfg *Config) (*Executor, error) {
 	}
 	e.phases, _ = rc.Observer.(PhaseObserver)
 	e.watcher, _ = store.(idemstore.Watcher)
+	_, inMemory := store.(*memstore.Store)
+	e.unstalling = inMemory && rc.Encryption == nil
 	return e, nil
 }
 
