@@ -44,6 +44,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v3"
@@ -89,8 +90,9 @@ func New(m *idem.Middleware, cfg *Config) (fiber.Handler, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
+	ops := &operations{}
 	return func(c fiber.Ctx) error {
-		x := &exchange{c: c, cfg: cfg}
+		x := &exchange{c: c, cfg: cfg, ops: ops}
 		if !eng.Protects(x) {
 			return c.Next()
 		}
@@ -105,6 +107,10 @@ func New(m *idem.Middleware, cfg *Config) (fiber.Handler, error) {
 type exchange struct {
 	c   fiber.Ctx
 	cfg *Config
+	ops *operations
+	// one holds a header field's value, when it has one: the key's in
+	// one[0], any other's in one[1] (see Header).
+	one [2]string
 	// fields are idem's own response header fields, set on whatever
 	// response goes out once the engine is done (applyFields).
 	fields [3]field
@@ -134,18 +140,48 @@ func (x *exchange) Operation() (string, bool) {
 	}
 	method := x.c.Method()
 	if r := x.c.Route(); r != nil && r.Method != "USE" && r.Path != "" {
-		return method + " " + r.Path, true
+		return x.ops.name(method, r), true
 	}
 	return method + " " + x.c.Path(), false
 }
 
+// operations caches the operation name of each route and method: their
+// number is bounded by the app's routes, and one shared string per route
+// saves an allocation per request.
+type operations struct{ names sync.Map }
+
+type routeMethod struct {
+	route  *fiber.Route
+	method string
+}
+
+func (o *operations) name(method string, r *fiber.Route) string {
+	k := routeMethod{r, method}
+	if n, ok := o.names.Load(k); ok {
+		return n.(string)
+	}
+	n := method + " " + r.Path
+	o.names.Store(routeMethod{r, strings.Clone(method)}, n)
+	return n
+}
+
 func (x *exchange) Target() string { return x.c.OriginalURL() }
 
-// Header returns copies of the field's values: the key is stored.
+// Header returns copies of the field's values: the key is stored. A single
+// value is handed out in x.one, which saves the slice's allocation; the
+// engine reads the key's before it asks for another field.
 func (x *exchange) Header(name string) []string {
 	raw := x.c.Request().Header.PeekAll(name)
-	if len(raw) == 0 {
+	switch len(raw) {
+	case 0:
 		return nil
+	case 1:
+		i := 1
+		if name == idem.HeaderKey {
+			i = 0
+		}
+		x.one[i] = string(raw[0])
+		return x.one[i : i+1 : i+1]
 	}
 	vs := make([]string, len(raw))
 	for i, v := range raw {
@@ -220,10 +256,22 @@ func (x *exchange) Run(ctx context.Context, _ time.Time) (*idemstore.Response, e
 		out.Unreplayable = true
 		return out, nil
 	}
-	out.Header = make(http.Header)
+	// One backing array holds every value: a field with one value (most
+	// of them) costs no slice of its own.
+	n := 0
+	for range resp.Header.All() {
+		n++
+	}
+	out.Header = make(http.Header, n)
+	values := make([]string, 0, n)
 	for k, v := range resp.Header.All() {
 		name := http.CanonicalHeaderKey(string(k))
-		out.Header[name] = append(out.Header[name], string(v))
+		values = append(values, string(v))
+		if vs, ok := out.Header[name]; ok {
+			out.Header[name] = append(vs, values[len(values)-1])
+		} else {
+			out.Header[name] = values[len(values)-1 : len(values) : len(values)]
+		}
 	}
 	out.Body = bytes.Clone(resp.Body())
 	return out, nil
