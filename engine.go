@@ -112,7 +112,13 @@ func (ex *exchange) run(ctx context.Context) (*Response, error) {
 	ex.ran = true
 	info, _ := InfoFromContext(ctx)
 	resp, err := ex.x.Run(ctx, info.ExpiresAt)
-	if resp != nil && !resp.Unreplayable {
+	switch {
+	case resp == nil || resp.Unreplayable:
+	case len(resp.Body) > ex.m.cfg.MaxResponseBody:
+		// A transport that buffers whole responses (Fiber) sends this one
+		// in full; it is too large to store, and must not run again.
+		resp = &Response{StatusCode: resp.StatusCode, Unreplayable: true}
+	default:
 		resp.Header = ex.m.storedHeader(resp.Header)
 	}
 	return resp, err

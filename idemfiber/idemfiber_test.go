@@ -1,6 +1,7 @@
 package idemfiber_test
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"net"
@@ -357,5 +358,51 @@ func TestConfigHooks(t *testing.T) {
 	}
 	if r := send("acme"); r.header.Get(idem.HeaderReplayed) != "true" || r.body != a.body {
 		t.Errorf("replay for acme: %v %q", r.header, r.body)
+	}
+}
+
+// A streamed body is sent as it is produced and cannot be stored: the
+// record completes as unreplayable, and a retry gets 409
+// idempotency.response_unavailable, never a second execution.
+func TestStreamedBodyIsNotReplayed(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int64
+	app := fiber.New()
+	app.Post("/export", handler(t, newMiddleware(t, nil), nil), func(c fiber.Ctx) error {
+		runs.Add(1)
+		return c.SendStreamWriter(func(w *bufio.Writer) {
+			_, _ = w.WriteString("part 1\n")
+			_ = w.Flush()
+			_, _ = w.WriteString("part 2\n")
+		})
+	})
+	url := serve(t, app)
+	first := mustPost(t, url+"/export", "s", `{}`)
+	if first.status != http.StatusOK || first.body != "part 1\npart 2\n" {
+		t.Fatalf("first: %d %q", first.status, first.body)
+	}
+	again := mustPost(t, url+"/export", "s", `{}`)
+	if again.status != http.StatusConflict || !strings.Contains(again.body, idem.CodeResponseUnavailable) || runs.Load() != 1 {
+		t.Errorf("retry: %d %s; handler ran %d times", again.status, again.body, runs.Load())
+	}
+}
+
+// A response over idem.Config.MaxResponseBody goes to the first client in
+// full and is not stored: a retry gets 409 idempotency.response_unavailable.
+func TestLargeResponseIsNotReplayed(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int64
+	app := fiber.New()
+	app.Post("/big", handler(t, newMiddleware(t, &idem.Config{MaxResponseBody: 10}), nil), func(c fiber.Ctx) error {
+		runs.Add(1)
+		return c.SendString("more than ten bytes")
+	})
+	url := serve(t, app)
+	if first := mustPost(t, url+"/big", "b", `{}`); first.status != http.StatusOK || first.body != "more than ten bytes" {
+		t.Fatalf("first: %d %q", first.status, first.body)
+	}
+	again := mustPost(t, url+"/big", "b", `{}`)
+	if again.status != http.StatusConflict || !strings.Contains(again.body, idem.CodeResponseUnavailable) || runs.Load() != 1 {
+		t.Errorf("retry: %d %s; handler ran %d times", again.status, again.body, runs.Load())
 	}
 }

@@ -76,11 +76,13 @@ type Exchange interface {
 	Request
 	Response
 	// Run runs the handler under the execution's context ctx, which the
-	// handler must see as its request's context, and returns the response
-	// to store: the status, the header fields and the body the handler
-	// produced, or a response marked Unreplayable if it streamed it or
-	// it outgrew the limit of what is stored. expiresAt is when the
-	// record expires, for a response that is sent while it is produced.
+	// handler must see as its request's context, and returns what the
+	// handler produced: its status, every header field it set (the engine
+	// leaves out those never stored) and its body, or a response marked
+	// Unreplayable if it streamed it. The engine stores a body over
+	// idem.Config.MaxResponseBody as Unreplayable too. expiresAt is when
+	// the record expires, for a response that is sent while it is
+	// produced.
 	Run(ctx context.Context, expiresAt time.Time) (*idemstore.Response, error)
 	// Sent reports, after Run, that the handler's response has already
 	// been sent (it streamed): nothing more can be written.
