@@ -343,14 +343,14 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 // other is released. The operation's open transaction rolls back either
 // way. A failure other than ErrLeaseLost is logged and reported: the record
 // then stays in flight until its lease expires.
-func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx idemstore.Tx) error {
-	r := &x.steps
+func (x *execution) releaseOrSuspend(ctx context.Context, tx idemstore.Tx) error {
+	e, r := x.e, &x.steps
 	r.mu.Lock()
 	keep := r.ss != nil && r.saved
 	r.suspended = keep
 	r.mu.Unlock()
 	if !keep {
-		return e.release(ctx, x, tx)
+		return x.release(ctx, tx)
 	}
 	if tx != nil {
 		e.rollback(ctx, tx)
