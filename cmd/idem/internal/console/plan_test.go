@@ -89,11 +89,15 @@ func TestListingPlans(t *testing.T) {
 			}
 			rows.Close()
 			p := strings.Join(plan, "\n")
-			want := map[string]string{"pkey": "_pkey", "inflight": "_inflight_idx", "expires_at": "_expires_at_idx"}[c.index]
+			want := map[string]string{"pkey": "_pkey", "inflight": "_inflight_idx", "expires_at": "_expires_at_brin"}[c.index]
 			sorts := false
 			for _, l := range plan {
 				sorts = sorts || strings.HasPrefix(strings.TrimLeft(l, "-> "), "Sort  (")
 			}
+			// The expiry index is a BRIN index (pgstore version 4): it
+			// reads the block ranges that may hold the rows asked for,
+			// which the listing then sorts; it never reads the table.
+			sorts = sorts && c.index != "expires_at"
 			if !strings.Contains(p, want) || sorts || strings.Contains(p, "Seq Scan") {
 				t.Errorf("%s: plan\n%s\nwant the %s index without a full sort or a sequential scan", c.name, p, want)
 			}
