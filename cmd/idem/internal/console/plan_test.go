@@ -98,6 +98,12 @@ func TestListingPlans(t *testing.T) {
 			// reads the block ranges that may hold the rows asked for,
 			// which the listing then sorts; it never reads the table.
 			sorts = sorts && c.index != "expires_at"
+			// The in-flight index is partial (token IS NOT NULL): with few
+			// records in flight the planner may read it as a bitmap and
+			// sort what it found, which costs the in-flight set, never the
+			// table. That choice depends on when autovacuum analysed the
+			// table, so it is allowed.
+			sorts = sorts && !(c.index == "inflight" && strings.Contains(p, "Bitmap Index Scan on idempotency_records_inflight_idx"))
 			if !strings.Contains(p, want) || sorts || strings.Contains(p, "Seq Scan") {
 				t.Errorf("%s: plan\n%s\nwant the %s index without a full sort or a sequential scan", c.name, p, want)
 			}
