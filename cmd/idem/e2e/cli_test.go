@@ -47,8 +47,10 @@ func TestBinaryFlagErrors(t *testing.T) {
 		{[]string{"serve", "--ttl", "2562047h47m16s"}, "longer than the maximum"},
 		{[]string{"proxy", "--upstream", "http://127.0.0.1:9", "--ttl", "2562047h47m16s"}, "longer than the maximum"},
 		{[]string{"serve", "--store", "localhost:6379"}, "is a server address, not a file"},
-		{[]string{"serve", "--db", "mysql://x"}, `is not a store idem knows (scheme "mysql")`},
-		{[]string{"proxy", "--upstream", "http://127.0.0.1:9", "--store", "mysql://x"}, "postgres://"},
+		{[]string{"serve", "--db", "mongodb://x"}, `is not a store idem knows (scheme "mongodb")`},
+		{[]string{"proxy", "--upstream", "http://127.0.0.1:9", "--store", "mongodb://x"}, "postgres://"},
+		{[]string{"proxy", "--upstream", "http://127.0.0.1:9", "--store", "mysql://x"}, "mysql://USER[:PASS]@HOST[:PORT]/DB"},
+		{[]string{"serve", "--db", "mysql://root@h"}, "mysql://USER[:PASS]@HOST[:PORT]/DB"},
 	} {
 		code, out, errs := runBinary(t, c.args...)
 		if code != 2 || !strings.Contains(errs, c.want) || strings.Contains(errs, "Usage:") || out != "" {
