@@ -140,7 +140,7 @@ func faultyPostgres(t *testing.T) (idemstore.Store, *toxiproxy.Proxy) {
 func TestFaultInvariants(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) (idemstore.Store, *toxiproxy.Proxy){
-		"Redis": faultyRedis, "PostgreSQL": faultyPostgres,
+		"Redis": faultyRedis, "PostgreSQL": faultyPostgres, "MariaDB": faultyMySQL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -265,7 +265,7 @@ func checkFaultInvariants(t *testing.T, store idemstore.Store, p *toxiproxy.Prox
 func TestLinearizableUnderFaults(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) (idemstore.Store, *toxiproxy.Proxy){
-		"Redis": faultyRedis, "PostgreSQL": faultyPostgres,
+		"Redis": faultyRedis, "PostgreSQL": faultyPostgres, "MariaDB": faultyMySQL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
