@@ -344,3 +344,34 @@ func TestStalledServerFailsWithinDeadline(t *testing.T) {
 		}
 	}
 }
+
+// A take-over re-inserts the row: it keeps the record's retention and
+// checkpoint, counts the attempt, and draws a larger fence.
+func TestTakeOverKeepsRetentionAndCheckpoint(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	p := claimParams("scope", "take")
+	first := mustClaim(t, f.store, p, idemstore.ClaimAcquired)
+	if err := f.store.SaveCheckpoint(t.Context(), idemstore.SaveCheckpointParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Checkpoint: []byte("step-1")}); err != nil {
+		t.Fatal(err)
+	}
+	f.expireLease(t, p.Scope, p.Key)
+	q := claimParams("scope", "take")
+	q.TTL = 10 * time.Hour
+	r := mustClaim(t, f.store, q, idemstore.ClaimAcquired)
+	if !r.TookOver || string(r.Record.Checkpoint) != "step-1" {
+		t.Errorf("take-over = TookOver %v, checkpoint %q", r.TookOver, r.Record.Checkpoint)
+	}
+	if !r.Record.ExpiresAt.Equal(first.Record.ExpiresAt) {
+		t.Errorf("ExpiresAt %v after the take-over, want the first claim's %v", r.Record.ExpiresAt, first.Record.ExpiresAt)
+	}
+	if r.Record.Fence <= first.Record.Fence {
+		t.Errorf("fence %d after the take-over, not above %d", r.Record.Fence, first.Record.Fence)
+	}
+	if n := f.count(t, "SELECT attempt FROM "+f.table+" WHERE scope = ? AND `key` = ?", p.Scope, p.Key); n != 2 {
+		t.Errorf("attempt = %d, want 2", n)
+	}
+	if err := f.store.Renew(t.Context(), idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); !errors.Is(err, idemstore.ErrLeaseLost) {
+		t.Errorf("the old owner's renewal: %v, want ErrLeaseLost", err)
+	}
+}
