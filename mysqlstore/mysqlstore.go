@@ -65,6 +65,15 @@ type Config struct {
 	// whole seconds, too coarse for a duplicate request. At least a
 	// millisecond. Defaults to 100 milliseconds.
 	LockWait time.Duration
+
+	// ReadFirst answers a duplicate (a replay, an in-flight key, another
+	// payload) with a plain primary-key read, and inserts only when that
+	// read finds no record it can answer from. Without it a claim inserts
+	// first, which is all a new key costs, and a duplicate pays for the
+	// failed insert and then the read. Worth it where retries are common
+	// or replays must cost one read; the answers are the same either way.
+	// Defaults to false.
+	ReadFirst bool
 }
 
 // Store is an idemstore.Store on MariaDB, shared by every instance of a
@@ -78,6 +87,7 @@ type Store struct {
 	db        *sql.DB
 	maxBody   int
 	lockWait  time.Duration
+	readFirst bool
 	tableName string
 	table     string // quoted
 
@@ -149,7 +159,7 @@ func build(db *sql.DB, cfg *Config) (*Store, error) {
 	if c.LockWait < time.Millisecond {
 		return nil, fmt.Errorf("mysqlstore: LockWait %v is shorter than a millisecond", c.LockWait)
 	}
-	s := &Store{db: db, maxBody: c.MaxResponseBytes, lockWait: c.LockWait, tableName: c.Table, table: quote(c.Table)}
+	s := &Store{db: db, maxBody: c.MaxResponseBytes, lockWait: c.LockWait, readFirst: c.ReadFirst, tableName: c.Table, table: quote(c.Table)}
 	r := strings.NewReplacer(
 		"{table}", s.table,
 		"{fence_index}", quote(c.Table+"_fence"),
@@ -377,11 +387,12 @@ func (s *Store) claim(ctx context.Context, p idemstore.ClaimParams, keepOpen boo
 }
 
 // claimOnce makes one attempt. The first one inserts at once, which is all
-// a new key costs; when the key is taken it reads the record, and answers
-// from it unless it must be replaced (expired) or taken over (its lease
-// ended), which claimLocked does under the row's lock.
+// a new key costs (with ReadFirst, after a read that found nothing); when
+// the key is taken it reads the record, and answers from it unless it must
+// be replaced (expired) or taken over (its lease ended), which claimLocked
+// does under the row's lock.
 func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, keepOpen, first bool) (idemstore.ClaimResult, idemstore.Tx, error) {
-	if first {
+	if first && !s.readFirst {
 		r, tx, err := s.insertFirst(ctx, p, keepOpen)
 		if err == nil || errNumber(err) != erDupEntry {
 			return r, tx, err
@@ -395,6 +406,15 @@ func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, keepOpen
 		if r, ok, err := cur.answer(p); ok || err != nil {
 			return r, nil, err
 		}
+	}
+	if first && s.readFirst && !found {
+		// Nothing there: insert at once. A duplicate key means another
+		// claim inserted meanwhile; the next attempt reads it.
+		r, tx, err := s.insertFirst(ctx, p, keepOpen)
+		if errNumber(err) == erDupEntry {
+			err = busy(err)
+		}
+		return r, tx, err
 	}
 	return s.claimLocked(ctx, p, keepOpen)
 }

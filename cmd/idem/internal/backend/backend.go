@@ -169,7 +169,7 @@ type Options struct {
 	// transaction, which commits synchronously after the claim.
 	AsyncClaim bool
 
-	// ReadFirst answers PostgreSQL duplicates (replays, in-flight keys,
+	// ReadFirst answers PostgreSQL and MariaDB duplicates (replays, in-flight keys,
 	// other payloads) with a primary-key SELECT before the claim
 	// statement (pgstore.Config.ReadFirst): a replay costs one read, a
 	// new key one round trip more.
@@ -296,7 +296,7 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 	case RedisCluster:
 		return openRedisCluster(ctx, spec)
 	case MySQL:
-		return openMySQL(ctx, spec)
+		return openMySQL(ctx, spec, o)
 	case Memory:
 		s, err := memstore.New(nil)
 		if err != nil {

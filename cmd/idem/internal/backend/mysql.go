@@ -95,7 +95,7 @@ func ParseMySQLURL(spec string) (*mysql.Config, string, error) {
 	return cfg, table, nil
 }
 
-func openMySQL(ctx context.Context, spec string) (*Store, error) {
+func openMySQL(ctx context.Context, spec string, o Options) (*Store, error) {
 	cfg, table, err := ParseMySQLURL(spec)
 	if err != nil {
 		return nil, err
@@ -111,7 +111,7 @@ func openMySQL(ctx context.Context, spec string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("mysql %s: cannot connect: %w", redact(spec), err)
 	}
-	s, err := mysqlstore.New(ctx, db, &mysqlstore.Config{Table: table})
+	s, err := mysqlstore.New(ctx, db, &mysqlstore.Config{Table: table, ReadFirst: o.ReadFirst})
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("mysql %s: %w", redact(spec), err)
