@@ -13,6 +13,8 @@ import (
 	"fmt"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/mysqldialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
 	"github.com/uptrace/bun/dialect/sqlitedialect"
 	"github.com/uptrace/bun/schema"
 
@@ -39,6 +41,10 @@ func open(db *datalayer.DB) (datalayer.Create, error) {
 	switch db.Backend.Name {
 	case "sqlite":
 		dialect = sqlitedialect.New()
+	case "postgres":
+		dialect = pgdialect.New()
+	case "mysql":
+		dialect = mysqldialect.New()
 	default:
 		return nil, fmt.Errorf("bun: no dialect for %s", db.Backend.Name)
 	}

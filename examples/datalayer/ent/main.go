@@ -28,7 +28,7 @@ var library = datalayer.Library{Name: "ent", Open: open}
 func main() { datalayer.Main("127.0.0.1:8103", library) }
 
 // dialects are ent's names of the backends.
-var dialects = map[string]string{"sqlite": dialect.SQLite}
+var dialects = map[string]string{"sqlite": dialect.SQLite, "postgres": dialect.Postgres, "mysql": dialect.MySQL}
 
 // open picks ent's dialect for the backend. A client is cheap: each request
 // makes one on the execution's transaction.

@@ -12,6 +12,8 @@ import (
 	"database/sql"
 	"fmt"
 
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -38,6 +40,10 @@ func open(db *datalayer.DB) (datalayer.Create, error) {
 	switch db.Backend.Name {
 	case "sqlite":
 		dialector = sqlite.New(sqlite.Config{Conn: db.SQL})
+	case "postgres":
+		dialector = postgres.New(postgres.Config{Conn: db.SQL})
+	case "mysql":
+		dialector = mysql.New(mysql.Config{Conn: db.SQL})
 	default:
 		return nil, fmt.Errorf("gorm: no dialector for %s", db.Backend.Name)
 	}

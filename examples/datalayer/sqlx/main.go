@@ -28,27 +28,45 @@ var library = datalayer.Library{Name: "sqlx", Open: open}
 
 func main() { datalayer.Main("127.0.0.1:8102", library) }
 
-// bindNames are the driver names sqlx knows the placeholders of.
-var bindNames = map[string]string{"sqlite": "sqlite3"}
+// dialects say, per backend, which driver name sqlx binds named
+// parameters for, and whether the insert returns the id (MySQL has no
+// RETURNING; the driver reports the id instead).
+var dialects = map[string]struct {
+	bindName  string
+	returning bool
+}{
+	"sqlite":   {"sqlite3", true},
+	"postgres": {"pgx", true},
+	"mysql":    {"mysql", false},
+}
 
 // open wraps the application's pool in a *sqlx.DB. Its driver name only
 // decides how named queries are bound; each request's writes go through
 // the execution's transaction.
 func open(db *datalayer.DB) (datalayer.Create, error) {
-	name, ok := bindNames[db.Backend.Name]
+	d, ok := dialects[db.Backend.Name]
 	if !ok {
 		return nil, fmt.Errorf("sqlx: no bind type for %s", db.Backend.Name)
 	}
-	x := sqlx.NewDb(db.SQL, name)
+	x := sqlx.NewDb(db.SQL, d.bindName)
+	const insert = `INSERT INTO orders (item, quantity) VALUES (:item, :quantity)`
 	return func(ctx context.Context, tx *sql.Tx, o *datalayer.Order) error {
 		// The execution's transaction as a *sqlx.Tx. sqlx cannot set its
 		// driver name from outside, so the *sqlx.DB binds the query.
 		xtx := &sqlx.Tx{Tx: tx, Mapper: x.Mapper}
-		q, args, err := x.BindNamed(`INSERT INTO orders (item, quantity) VALUES (:item, :quantity) RETURNING id`,
-			Order{Item: o.Item, Quantity: o.Quantity})
+		row := Order{Item: o.Item, Quantity: o.Quantity}
+		if d.returning {
+			q, args, err := x.BindNamed(insert+` RETURNING id`, row)
+			if err != nil {
+				return err
+			}
+			return xtx.QueryRowxContext(ctx, q, args...).Scan(&o.ID)
+		}
+		res, err := sqlx.NamedExecContext(ctx, xtx, insert, row)
 		if err != nil {
 			return err
 		}
-		return xtx.QueryRowxContext(ctx, q, args...).Scan(&o.ID)
+		o.ID, err = res.LastInsertId()
+		return err
 	}, nil
 }
