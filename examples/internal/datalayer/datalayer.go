@@ -69,15 +69,14 @@ type Backend struct {
 	// Prefix is how a -db URL for this backend starts ("sqlite:",
 	// "postgres://").
 	Prefix string
-	// StripPrefix makes the DSN what follows Prefix (a SQLite path),
-	// instead of the whole URL.
-	StripPrefix bool
+
+	parse func(url string) (dsn string, err error) // a -db value to Open's DSN
 
 	open func(ctx context.Context, dsn string) (*DB, error)
 }
 
-// Open opens the store and the pool on the database dsn names, migrates
-// the store and creates the orders table.
+// Open opens the store and the pool on the database dsn names (as Parse
+// returns it), migrates the store and creates the orders table.
 func (b *Backend) Open(ctx context.Context, dsn string) (*DB, error) {
 	db, err := b.open(ctx, dsn)
 	if err != nil {
@@ -107,10 +106,11 @@ func Parse(url string) (*Backend, string, error) {
 		if !strings.HasPrefix(url, b.Prefix) {
 			continue
 		}
-		if b.StripPrefix {
-			return b, strings.TrimPrefix(url, b.Prefix), nil
+		dsn, err := b.parse(url)
+		if err != nil {
+			return nil, "", fmt.Errorf("%s: %w", b.Name, err)
 		}
-		return b, url, nil
+		return b, dsn, nil
 	}
 	if strings.Contains(url, "://") {
 		names := []string{}

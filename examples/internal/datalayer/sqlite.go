@@ -2,6 +2,7 @@ package datalayer
 
 import (
 	"context"
+	"strings"
 
 	"github.com/idemhq/idem/sqlitestore"
 )
@@ -10,9 +11,9 @@ import (
 // The application's pool is the store's single writer, so a library's
 // writes and the store's queue on one connection.
 var SQLite = &Backend{
-	Name:        "sqlite",
-	Prefix:      "sqlite:",
-	StripPrefix: true,
+	Name:   "sqlite",
+	Prefix: "sqlite:",
+	parse:  func(url string) (string, error) { return strings.TrimPrefix(url, "sqlite:"), nil },
 	open: func(ctx context.Context, path string) (*DB, error) {
 		store, err := sqlitestore.Open(ctx, path, nil)
 		if err != nil {
