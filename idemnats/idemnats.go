@@ -262,6 +262,16 @@ type ConsumeConfig struct {
 	// and the consumer again. Without it, Consume returns an error when
 	// its consumer is gone.
 	ConsumerFunc func(ctx context.Context) (jetstream.Consumer, error)
+	// RecreateDelay is how long Consume waits, once its consumer is
+	// gone, before it calls ConsumerFunc. The server tells a consumer's
+	// clients of its deletion before it has removed the consumer's files
+	// (and, when the stream is deleted, the stream's). A consumer or
+	// stream created again at once under the same name shares their
+	// directory: nats-server 2.9 then loads the old files or deletes the
+	// new ones, and the new consumer delivers nothing, or resumes from
+	// the old position and skips the new messages. Defaults to one
+	// second.
+	RecreateDelay time.Duration
 }
 
 // errConsumerGone reports that the consumer being consumed was deleted or
@@ -291,6 +301,9 @@ func Consume(ctx context.Context, cons jetstream.Consumer, in *inbox.Inbox, h in
 	if c.PullExpiry == 0 {
 		c.PullExpiry = 5 * time.Second
 	}
+	if c.RecreateDelay == 0 {
+		c.RecreateDelay = time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -302,7 +315,10 @@ func Consume(ctx context.Context, cons jetstream.Consumer, in *inbox.Inbox, h in
 		if !errors.Is(err, errConsumerGone) || c.ConsumerFunc == nil {
 			return err
 		}
-		c.Logger.Warn("idemnats: the consumer is gone; creating it again", "error", err)
+		c.Logger.Warn("idemnats: the consumer is gone; creating it again", "error", err, "in", c.RecreateDelay)
+		if !sleep(ctx, c.RecreateDelay) {
+			return nil
+		}
 		if cons = recreate(ctx, &c); cons == nil {
 			return nil // ctx ended
 		}
@@ -377,14 +393,22 @@ func recreate(ctx context.Context, c *ConsumeConfig) jetstream.Consumer {
 			return nil
 		}
 		c.Logger.Warn("idemnats: cannot create the consumer yet; retrying", "error", err, "in", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, backoff) {
 			return nil
-		case <-t.C:
 		}
 		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// sleep waits for d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

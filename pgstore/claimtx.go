@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/pgstore/internal/pgdb"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -27,6 +28,10 @@ import (
 // The operation's own statements run with the session's default
 // lock_timeout. A take-over of an abandoned record commits at once, as in
 // Claim, and returns no transaction.
+//
+// On a Store made by NewDB, database/sql sends BEGIN, the claim, the
+// statement restoring lock_timeout, the completion and COMMIT each in a
+// round trip of its own: five where pgx batches them into two.
 func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
 	if r, ok, err := s.answerFirst(ctx, p); ok || err != nil {
 		return r, nil, err
@@ -49,10 +54,17 @@ func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore
 	return idemstore.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: the record kept changing during %d attempts", claimAttempts)
 }
 
+// restoreLockTimeout ends the claim statement's lock_timeout for the rest
+// of the transaction.
+const restoreLockTimeout = "SET LOCAL lock_timeout TO DEFAULT"
+
 // claimTxOnce acquires a connection and sends, in one round trip, BEGIN,
 // ClaimTx's claim statement and the statement that restores lock_timeout.
 // It returns the transaction open only for a new record.
 func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams) (res idemstore.ClaimResult, open idemstore.Tx, ok bool, err error) {
+	if s.pool == nil {
+		return s.claimSQLTxOnce(ctx, p)
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return res, nil, false, err
@@ -60,9 +72,9 @@ func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams) (res i
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(s.claimTxSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait)
-	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+	b.Queue(restoreLockTimeout)
 	br := conn.SendBatch(ctx, b)
-	ct := &claimedTx{storeTx: storeTx{s: s, tx: br.Tx()}, conn: conn}
+	ct := &claimedTx{storeTx: storeTx{s: s, tx: pgdb.PgxTx{T: br.Tx()}}, conn: conn}
 	defer func() {
 		if open == nil {
 			_ = ct.Rollback(context.WithoutCancel(ctx))
@@ -90,7 +102,36 @@ func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams) (res i
 	return res, ct, true, nil
 }
 
-// claimedTx is the idemstore.Tx ClaimTx returns. Its Complete checks the
+// claimSQLTxOnce is claimTxOnce on database/sql, one statement at a time.
+// The transaction it returns is a plain storeTx: its Complete runs the
+// completion in the transaction, as CompleteTx does.
+func (s *Store) claimSQLTxOnce(ctx context.Context, p idemstore.ClaimParams) (res idemstore.ClaimResult, open idemstore.Tx, ok bool, err error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return res, nil, false, err
+	}
+	defer func() {
+		if open == nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	res, ok, err = claimResult(p, tx.QueryRow(ctx, s.claimTxSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait))
+	if err != nil || !ok || res.Outcome != idemstore.ClaimAcquired {
+		return res, nil, ok, err
+	}
+	if res.TookOver {
+		if err := tx.Commit(ctx); err != nil {
+			return idemstore.ClaimResult{}, nil, false, err
+		}
+		return res, nil, true, nil
+	}
+	if _, err := tx.Exec(ctx, restoreLockTimeout); err != nil {
+		return idemstore.ClaimResult{}, nil, false, err
+	}
+	return res, &storeTx{s: s, tx: tx}, true, nil
+}
+
+// claimedTx is the idemstore.Tx ClaimTx returns on pgx. Its Complete checks the
 // response's size and defers the statement to Commit, which sends it with
 // COMMIT in one round trip: the record cannot change meanwhile, since no
 // one else sees it before the commit.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
-	"github.com/jackc/pgx/v5"
 )
 
 // A duplicate that meets an uncommitted ClaimTx answers "in progress"
@@ -17,7 +16,11 @@ import (
 // statements in the claim's transaction run with the default lock_timeout.
 func TestClaimTxDuplicateWaitsClaimTxWait(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, &pgstore.Config{ClaimTxWait: 50 * time.Millisecond})
+	eachMode(t, testClaimTxDuplicateWaitsClaimTxWait)
+}
+
+func testClaimTxDuplicateWaitsClaimTxWait(t *testing.T, mode string) {
+	f := newFixtureIn(t, mode, &pgstore.Config{ClaimTxWait: 50 * time.Millisecond})
 	p := claimParams("scope", "dup")
 	r, tx, err := f.store.ClaimTx(t.Context(), p)
 	if err != nil || r.Outcome != idemstore.ClaimAcquired || tx == nil {
@@ -25,7 +28,7 @@ func TestClaimTxDuplicateWaitsClaimTxWait(t *testing.T) {
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	var inTx, outside string
-	if err := tx.Native().(pgx.Tx).QueryRow(t.Context(), "SHOW lock_timeout").Scan(&inTx); err != nil {
+	if err := nativeQueryRow(t.Context(), tx.Native(), "SHOW lock_timeout").Scan(&inTx); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.pool.QueryRow(t.Context(), "SHOW lock_timeout").Scan(&outside); err != nil {
@@ -65,15 +68,47 @@ func TestClaimTxWaitValidated(t *testing.T) {
 // closing it (a closed connection would cost a reconnect per request).
 func TestClaimTxReusesConnections(t *testing.T) {
 	t.Parallel()
+	eachMode(t, testClaimTxReusesConnections)
+}
+
+func testClaimTxReusesConnections(t *testing.T, mode string) {
 	f := newFixture(t, nil)
-	pool, err := openPool(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s, err := pgstore.New(t.Context(), pool, &pgstore.Config{Schema: f.schema})
-	if err != nil {
-		t.Fatal(err)
+	var (
+		s     *pgstore.Store
+		check func()
+	)
+	if mode == modeSQL {
+		db, err := openSQL(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if s, err = pgstore.NewDB(t.Context(), db, &pgstore.Config{Schema: f.schema}); err != nil {
+			t.Fatal(err)
+		}
+		check = func() {
+			if st := db.Stats(); st.InUse != 0 || st.OpenConnections > 4 {
+				t.Errorf("%d connections in use, %d open after 40 sequential transactions; want 0 and at most 4", st.InUse, st.OpenConnections)
+			}
+		}
+	} else {
+		pool, err := openPool(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if s, err = pgstore.New(t.Context(), pool, &pgstore.Config{Schema: f.schema}); err != nil {
+			t.Fatal(err)
+		}
+		check = func() {
+			st := pool.Stat()
+			if st.AcquiredConns() != 0 {
+				t.Errorf("%d connections still acquired", st.AcquiredConns())
+			}
+			if n := st.NewConnsCount(); n > int64(st.MaxConns()) {
+				t.Errorf("%d connections opened for 40 sequential transactions: they are closed instead of reused", n)
+			}
+		}
 	}
 	resp := &idemstore.Response{StatusCode: 201, Body: []byte(`{"ok":true}`)}
 	for i := range 40 {
@@ -96,27 +131,25 @@ func TestClaimTxReusesConnections(t *testing.T) {
 			}
 		}
 	}
-	st := pool.Stat()
-	if st.AcquiredConns() != 0 {
-		t.Errorf("%d connections still acquired", st.AcquiredConns())
-	}
-	if n := st.NewConnsCount(); n > int64(st.MaxConns()) {
-		t.Errorf("%d connections opened for 40 sequential transactions: they are closed instead of reused", n)
-	}
+	check()
 }
 
 // A completion deferred to Commit whose token does not own the record
 // commits nothing and reports ErrLeaseLost.
 func TestClaimTxCommitWithWrongTokenCommitsNothing(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	eachMode(t, testClaimTxCommitWithWrongTokenCommitsNothing)
+}
+
+func testClaimTxCommitWithWrongTokenCommitsNothing(t *testing.T, mode string) {
+	f := newFixtureIn(t, mode, nil)
 	p := claimParams("scope", "wrong-token")
 	_, tx, err := f.store.ClaimTx(t.Context(), p)
 	if err != nil || tx == nil {
 		t.Fatalf("ClaimTx: %v", err)
 	}
 	payments := businessTable(t, f)
-	if _, err := tx.Native().(pgx.Tx).Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 1)", p.Key); err != nil {
+	if err := nativeExec(t.Context(), tx.Native(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 1)", p.Key); err != nil {
 		t.Fatal(err)
 	}
 	err = tx.Complete(t.Context(), idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: "not-the-owner", Response: &idemstore.Response{StatusCode: 201}})

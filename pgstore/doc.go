@@ -15,6 +15,27 @@
 // transaction; writes made through it commit together with the stored
 // response (see Tx and Store.CompleteTx).
 //
+// # database/sql
+//
+// A program that reaches PostgreSQL through database/sql (GORM, sqlx, bun,
+// ent and sqlc all do) opens its *sql.DB with pgx's stdlib driver and
+// passes it to NewDB:
+//
+//	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL")) // import _ "github.com/jackc/pgx/v5/stdlib"
+//	...
+//	store, err := pgstore.NewDB(ctx, db, nil)
+//
+// Inside a handler, SQLTx returns the execution's *sql.Tx:
+//
+//	tx, err := pgstore.SQLTx(r.Context())
+//
+// Hand it to the data layer; its writes commit with the stored response.
+// Everything else is the same as with New: the statements, ClaimTx,
+// steps, fences, Inspector, encryption and pgoutbox (pgoutbox.NewDB).
+// CompleteSQLTx and SaveCheckpointSQLTx take a *sql.Tx you manage. Size
+// db.SetMaxIdleConns like db.SetMaxOpenConns: database/sql keeps two idle
+// connections by default.
+//
 // It also implements idemstore.StepStore: a multi-step operation's step (see
 // idem.Step) commits its writes and its recovery point in one transaction
 // (Store.SaveCheckpointTx), fenced by the owner token, and every claim

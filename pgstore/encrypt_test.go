@@ -13,20 +13,24 @@ import (
 
 func TestConformanceEncrypted(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, storetest.Harness{
-		NewStore:    func(t *testing.T) idemstore.Store { return newFixture(t, nil).store },
-		ServerClock: true,
-		Encryption:  storetest.Encryption(t),
+	eachMode(t, func(t *testing.T, mode string) {
+		storetest.Run(t, storetest.Harness{
+			NewStore:    func(t *testing.T) idemstore.Store { return newFixtureIn(t, mode, nil).store },
+			ServerClock: true,
+			Encryption:  storetest.Encryption(t),
+		})
 	})
 }
 
 func TestEncryptionAtRest(t *testing.T) {
 	t.Parallel()
-	storetest.RunAtRest(t, storetest.AtRestHarness{
-		NewStore: func(t *testing.T) (idemstore.Store, storetest.Raw) {
-			f := newFixture(t, nil)
-			return f.store, pgRaw{f}
-		},
+	eachMode(t, func(t *testing.T, mode string) {
+		storetest.RunAtRest(t, storetest.AtRestHarness{
+			NewStore: func(t *testing.T) (idemstore.Store, storetest.Raw) {
+				f := newFixtureIn(t, mode, nil)
+				return f.store, pgRaw{f}
+			},
+		})
 	})
 }
 

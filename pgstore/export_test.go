@@ -3,16 +3,18 @@ package pgstore
 import (
 	"context"
 
+	"github.com/idemhq/idem/pgstore/internal/pgdb"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // NewWithoutAdvisoryLock is New with migrations that do not take the
 // advisory lock, as on databases that lack it.
 func NewWithoutAdvisoryLock(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
-	s, _, err := build(pool, cfg)
+	s, _, err := build(cfg)
 	if err != nil {
 		return nil, err
 	}
+	s.db, s.pool = pgdb.Pool{P: pool}, pool
 	s.noAdvisoryLock = true
 	if err := s.migrate(ctx); err != nil {
 		return nil, err

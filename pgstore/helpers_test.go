@@ -3,6 +3,8 @@ package pgstore_test
 import (
 	"context"
 	crand "crypto/rand"
+	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -10,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 const defaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
@@ -25,6 +29,57 @@ var shared struct {
 	once sync.Once
 	pool *pgxpool.Pool
 	err  error
+
+	sqlOnce sync.Once
+	db      *sql.DB // a database/sql DB of its own, for NewDB
+	sqlErr  error
+}
+
+// The two ways a program reaches PostgreSQL: New on a pgx pool, NewDB on
+// a database/sql DB opened with pgx's stdlib driver.
+const (
+	modePgx = "pgx"
+	modeSQL = "sql"
+)
+
+// eachMode runs f as a parallel subtest per mode.
+func eachMode(t *testing.T, f func(t *testing.T, mode string)) {
+	t.Helper()
+	for _, m := range []string{modePgx, modeSQL} {
+		t.Run(m, func(t *testing.T) {
+			t.Parallel()
+			f(t, m)
+		})
+	}
+}
+
+// openSQL opens a database/sql DB with pgx's stdlib driver, as GORM, sqlx,
+// bun and ent open one, with as many idle connections as open ones.
+func openSQL(conns int) (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(postgresURL())
+	if err != nil {
+		return nil, err
+	}
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// sharedSQL returns the database/sql DB the tests of this package share.
+func sharedSQL(t testing.TB) *sql.DB {
+	t.Helper()
+	shared.sqlOnce.Do(func() { shared.db, shared.sqlErr = openSQL(testPoolConns) })
+	if shared.sqlErr != nil {
+		unreachable(t, shared.sqlErr)
+	}
+	return shared.db
 }
 
 func postgresURL() string {
@@ -89,6 +144,9 @@ func TestMain(m *testing.M) {
 	if shared.pool != nil {
 		shared.pool.Close()
 	}
+	if shared.db != nil {
+		shared.db.Close()
+	}
 	os.Exit(leaked(code))
 }
 
@@ -107,19 +165,30 @@ func freshSchema(t testing.TB, pool *pgxpool.Pool) string {
 	return name
 }
 
-// fixture is a store on a fresh schema.
+// fixture is a store on a fresh schema. Its own statements (backdating,
+// business tables, checks) run on pool in either mode.
 type fixture struct {
+	mode   string
 	pool   *pgxpool.Pool
+	db     *sql.DB // the store's *sql.DB in modeSQL, else nil
 	store  *pgstore.Store
 	schema string
 	// table is the quoted, schema-qualified records table.
 	table string
 }
 
+// newFixture is a fixture of a Store made by New.
 func newFixture(t testing.TB, cfg *pgstore.Config) *fixture {
 	t.Helper()
+	return newFixtureIn(t, modePgx, cfg)
+}
+
+// newFixtureIn is a fixture of a Store made by New (modePgx) or NewDB
+// (modeSQL).
+func newFixtureIn(t testing.TB, mode string, cfg *pgstore.Config) *fixture {
+	t.Helper()
 	pool := sharedPool(t)
-	f := &fixture{pool: pool, schema: freshSchema(t, pool)}
+	f := &fixture{mode: mode, pool: pool, schema: freshSchema(t, pool)}
 	var c pgstore.Config
 	if cfg != nil {
 		c = *cfg
@@ -130,12 +199,126 @@ func newFixture(t testing.TB, cfg *pgstore.Config) *fixture {
 		table = pgstore.DefaultTable
 	}
 	f.table = pgx.Identifier{f.schema, table}.Sanitize()
-	store, err := pgstore.New(context.Background(), pool, &c)
+	var (
+		store *pgstore.Store
+		err   error
+	)
+	if mode == modeSQL {
+		f.db = sharedSQL(t)
+		store, err = pgstore.NewDB(context.Background(), f.db, &c)
+	} else {
+		store, err = pgstore.New(context.Background(), pool, &c)
+	}
 	if err != nil {
-		t.Fatalf("New: %v", err)
+		t.Fatalf("New (%s): %v", mode, err)
 	}
 	f.store = store
 	return f
+}
+
+// bizTx is a business transaction of the caller's, in the fixture's mode:
+// a pgx.Tx or a *sql.Tx.
+type bizTx struct {
+	f   *fixture
+	pgx pgx.Tx
+	sql *sql.Tx
+}
+
+func (f *fixture) begin(t testing.TB) *bizTx {
+	t.Helper()
+	b := &bizTx{f: f}
+	var err error
+	if f.mode == modeSQL {
+		b.sql, err = f.db.BeginTx(context.Background(), nil)
+	} else {
+		b.pgx, err = f.pool.Begin(context.Background())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.rollback(context.Background()) })
+	return b
+}
+
+func (b *bizTx) native() any {
+	if b.sql != nil {
+		return b.sql
+	}
+	return b.pgx
+}
+
+func (b *bizTx) exec(ctx context.Context, q string, args ...any) error {
+	return nativeExec(ctx, b.native(), q, args...)
+}
+
+func (b *bizTx) queryRow(ctx context.Context, q string, args ...any) interface{ Scan(...any) error } {
+	return nativeQueryRow(ctx, b.native(), q, args...)
+}
+
+// complete is CompleteTx or CompleteSQLTx.
+func (b *bizTx) complete(ctx context.Context, p idemstore.CompleteParams) error {
+	if b.sql != nil {
+		return b.f.store.CompleteSQLTx(ctx, b.sql, p)
+	}
+	return b.f.store.CompleteTx(ctx, b.pgx, p)
+}
+
+func (b *bizTx) commit(ctx context.Context) error {
+	if b.sql != nil {
+		return b.sql.Commit()
+	}
+	return b.pgx.Commit(ctx)
+}
+
+// rollback does nothing after commit or rollback.
+func (b *bizTx) rollback(ctx context.Context) error {
+	if b.sql != nil {
+		if err := b.sql.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+			return err
+		}
+		return nil
+	}
+	if err := b.pgx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	return nil
+}
+
+// nativeExec runs q in native, a pgx.Tx or a *sql.Tx (an idemstore.Tx's
+// Native).
+func nativeExec(ctx context.Context, native any, q string, args ...any) error {
+	switch tx := native.(type) {
+	case pgx.Tx:
+		_, err := tx.Exec(ctx, q, args...)
+		return err
+	case *sql.Tx:
+		_, err := tx.ExecContext(ctx, q, args...)
+		return err
+	}
+	return fmt.Errorf("native transaction of type %T", native)
+}
+
+func nativeQueryRow(ctx context.Context, native any, q string, args ...any) interface{ Scan(...any) error } {
+	if tx, ok := native.(*sql.Tx); ok {
+		return tx.QueryRowContext(ctx, q, args...)
+	}
+	return native.(pgx.Tx).QueryRow(ctx, q, args...)
+}
+
+// execTx runs q in the transaction of the execution ctx belongs to, as a
+// handler does: through pgstore.Tx or pgstore.SQLTx, whichever the
+// store's mode gives.
+func execTx(ctx context.Context, q string, args ...any) error {
+	if tx, err := pgstore.Tx(ctx); err == nil {
+		_, err = tx.Exec(ctx, q, args...)
+		return err
+	}
+	tx, err := pgstore.SQLTx(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, q, args...)
+	return err
 }
 
 // exec runs a statement of the test's own (backdating, business tables).

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/idemstore"
-	"github.com/jackc/pgx/v5"
+	"github.com/idemhq/idem/pgstore/internal/pgdb"
 )
 
 var _ idemstore.Inspector = (*Store)(nil)
@@ -32,10 +32,10 @@ func (s *Store) Get(ctx context.Context, p idemstore.GetParams) (idemstore.Recor
 		resp       []byte
 		checkpoint []byte
 	)
-	err := s.pool.QueryRow(ctx, `SELECT fingerprint, lease_expires_at, expires_at, response, checkpoint FROM `+s.table+
+	err := s.db.QueryRow(ctx, `SELECT fingerprint, lease_expires_at, expires_at, response, checkpoint FROM `+s.table+
 		` WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`, p.Scope, p.Key).
 		Scan(&fp, &leaseEnd, &expiresAt, &resp, &checkpoint)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if pgdb.IsNoRows(err) {
 		return idemstore.RecordInfo{}, idemstore.ErrNotFound
 	}
 	if err != nil {
@@ -74,7 +74,7 @@ func (s *Store) List(ctx context.Context, p idemstore.ListParams) (idemstore.Lis
 	if err != nil {
 		return idemstore.ListPage{}, fmt.Errorf("pgstore: list: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, q, args...)
+	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return idemstore.ListPage{}, fmt.Errorf("pgstore: list: %w", err)
 	}
@@ -145,12 +145,12 @@ func (s *Store) Delete(ctx context.Context, p idemstore.DeleteParams) error {
 	if p.ID != "" {
 		return errNoID
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgdb.BeginFunc(ctx, s.db, func(tx pgdb.Tx) error {
 		var inFlight bool
 		err := tx.QueryRow(ctx, `SELECT token IS NOT NULL FROM `+s.table+
 			` WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp() FOR UPDATE`, p.Scope, p.Key).Scan(&inFlight)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows):
+		case pgdb.IsNoRows(err):
 			return idemstore.ErrNotFound
 		case err != nil:
 			return err

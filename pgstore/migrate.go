@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/idemhq/idem/pgstore/internal/pgdb"
 )
 
 // The embedded, versioned migrations. A file's name starts with its
@@ -136,13 +136,13 @@ func (s *Store) migrate(ctx context.Context) error {
 // It fails if the schema or the version table does not exist yet.
 func (s *Store) appliedVersion(ctx context.Context) (int, error) {
 	var v int
-	err := s.pool.QueryRow(ctx,
+	err := s.db.QueryRow(ctx,
 		"SELECT coalesce(max(version), 0) FROM "+s.migrations+" WHERE table_name = $1", s.tableName).Scan(&v)
 	return v, err
 }
 
 func (s *Store) migrateOnce(ctx context.Context, useLock bool) (err error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -177,11 +177,7 @@ func (s *Store) migrateOnce(ctx context.Context, useLock bool) (err error) {
 		PRIMARY KEY (table_name, version))`); err != nil {
 		return err
 	}
-	rows, err := tx.Query(ctx, "SELECT version FROM "+s.migrations+" WHERE table_name = $1", s.tableName)
-	if err != nil {
-		return err
-	}
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	applied, err := appliedVersions(ctx, tx, s.migrations, s.tableName)
 	if err != nil {
 		return err
 	}
@@ -199,6 +195,24 @@ func (s *Store) migrateOnce(ctx context.Context, useLock bool) (err error) {
 		}
 	}
 	return tx.Commit(ctx)
+}
+
+// appliedVersions returns the versions applied to table.
+func appliedVersions(ctx context.Context, tx pgdb.Querier, migrations, table string) ([]int32, error) {
+	rows, err := tx.Query(ctx, "SELECT version FROM "+migrations+" WHERE table_name = $1", table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int32
+	for rows.Next() {
+		var v int32
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }
 
 // lockKey is the advisory lock that serialises migrations of one schema.

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"regexp"
@@ -9,9 +10,11 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/pgstore/internal/pgdb"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // Defaults of Config.
@@ -108,7 +111,12 @@ const DefaultClaimTxWait = 100 * time.Millisecond
 // in the parameters, so instances whose clocks disagree cannot take over
 // each other's live leases.
 type Store struct {
+	// db runs the statements. Exactly one of pool (New) and sqlDB (NewDB)
+	// is set: the database it is on, for what only one side can do (pgx
+	// batches, *sql.Tx).
+	db      pgdb.DB
 	pool    *pgxpool.Pool
+	sqlDB   *sql.DB
 	maxBody int
 
 	schemaName, tableName string
@@ -149,10 +157,47 @@ var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
 // and the records table, or migrates them to the current version; several
 // instances may call it at the same time. New starts no goroutines.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
-	s, skipMigrate, err := build(pool, cfg)
+	if pool == nil {
+		return nil, errors.New("pgstore: nil pool")
+	}
+	s, skipMigrate, err := build(cfg)
 	if err != nil {
 		return nil, err
 	}
+	s.db, s.pool = pgdb.Pool{P: pool}, pool
+	return s.start(ctx, skipMigrate)
+}
+
+// NewDB returns a Store on db, a database/sql DB opened with pgx's stdlib
+// driver (github.com/jackc/pgx/v5/stdlib: sql.Open("pgx", url),
+// stdlib.OpenDB or stdlib.OpenDBFromPool), as GORM, sqlx, bun and ent use
+// it. The caller owns db and closes it after the Store's last use. The
+// Store is the same as New's, and runs the same statements; the
+// execution's transaction is a *sql.Tx (see SQLTx), so that business
+// writes made through those libraries commit with the stored response.
+//
+// database/sql keeps two idle connections by default: size
+// db.SetMaxIdleConns like db.SetMaxOpenConns, or most calls open a new
+// connection. NewDB migrates as New does and starts no goroutines. It
+// returns an error for a db of another driver, whose argument encoding
+// the statements do not expect.
+func NewDB(ctx context.Context, db *sql.DB, cfg *Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("pgstore: nil *sql.DB")
+	}
+	if _, ok := db.Driver().(*stdlib.Driver); !ok {
+		return nil, fmt.Errorf("pgstore: the *sql.DB's driver is a %T: open it with pgx's stdlib driver (github.com/jackc/pgx/v5/stdlib)", db.Driver())
+	}
+	s, skipMigrate, err := build(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.db, s.sqlDB = pgdb.SQL{D: db}, db
+	return s.start(ctx, skipMigrate)
+}
+
+// start migrates, unless skipMigrate.
+func (s *Store) start(ctx context.Context, skipMigrate bool) (*Store, error) {
 	if !skipMigrate {
 		if err := s.migrate(ctx); err != nil {
 			return nil, fmt.Errorf("pgstore: migrate %s: %w", s.table, err)
@@ -161,11 +206,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	return s, nil
 }
 
-// build validates cfg and returns the Store, without touching the database.
-func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
-	if pool == nil {
-		return nil, false, errors.New("pgstore: nil pool")
-	}
+// build validates cfg and returns the Store, without a database.
+func build(cfg *Config) (*Store, bool, error) {
 	var c Config
 	if cfg != nil {
 		c = *cfg
@@ -198,7 +240,6 @@ func build(pool *pgxpool.Pool, cfg *Config) (*Store, bool, error) {
 	}
 
 	s := &Store{
-		pool:        pool,
 		maxBody:     c.MaxResponseBytes,
 		schemaName:  c.Schema,
 		tableName:   c.Table,
@@ -425,11 +466,11 @@ func (s *Store) answerFirst(ctx context.Context, p idemstore.ClaimParams) (r ide
 // claimOnce runs the claim statement once. ok is false when the statement's
 // snapshot missed a concurrent change and it must run again.
 func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, bool, error) {
-	return claimResult(p, s.pool.QueryRow(ctx, s.claimSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL))
+	return claimResult(p, s.db.QueryRow(ctx, s.claimSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL))
 }
 
 // claimResult reads the claim statement's row.
-func claimResult(p idemstore.ClaimParams, row pgx.Row) (res idemstore.ClaimResult, ok bool, err error) {
+func claimResult(p idemstore.ClaimParams, row pgdb.Row) (res idemstore.ClaimResult, ok bool, err error) {
 	var (
 		acquired, completed, leaseLive bool
 		attempt                        int32
@@ -441,7 +482,7 @@ func claimResult(p idemstore.ClaimParams, row pgx.Row) (res idemstore.ClaimResul
 		checkpoint                     []byte
 	)
 	err = row.Scan(&acquired, &attempt, &fingerprint, &completed, &body, &leaseEnd, &leaseLive, &expiresAt, &fence, &checkpoint)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if pgdb.IsNoRows(err) {
 		return res, false, nil
 	}
 	if err != nil {
@@ -471,9 +512,9 @@ func (s *Store) readOnce(ctx context.Context, p idemstore.ClaimParams) (res idem
 		leaseEnd             *time.Time
 		expiresAt            time.Time
 	)
-	err = s.pool.QueryRow(ctx, s.readSQL, p.Scope, p.Key, p.Fingerprint).
+	err = s.db.QueryRow(ctx, s.readSQL, p.Scope, p.Key, p.Fingerprint).
 		Scan(&fingerprint, &completed, &body, &leaseEnd, &leaseLive, &expiresAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if pgdb.IsNoRows(err) {
 		return res, false, nil
 	}
 	if err != nil {
@@ -517,11 +558,11 @@ func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	if p.Lease <= 0 {
 		return errors.New("pgstore: renew needs a positive lease")
 	}
-	tag, err := s.pool.Exec(ctx, s.renewSQL, p.Scope, p.Key, p.Token, p.Lease)
+	n, err := s.db.Exec(ctx, s.renewSQL, p.Scope, p.Key, p.Token, p.Lease)
 	if err != nil {
 		return fmt.Errorf("pgstore: renew: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return idemstore.ErrLeaseLost
 	}
 	return nil
@@ -529,24 +570,19 @@ func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
 
 // Complete implements idemstore.Store.
 func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error {
-	return s.complete(ctx, s.pool, p, "complete")
+	return s.complete(ctx, s.db, p, "complete")
 }
 
-// execer is what Complete needs from a pool or a transaction.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-func (s *Store) complete(ctx context.Context, db execer, p idemstore.CompleteParams, op string) error {
+func (s *Store) complete(ctx context.Context, db pgdb.Querier, p idemstore.CompleteParams, op string) error {
 	enc, err := s.encodeResponse(p, op)
 	if err != nil {
 		return err
 	}
-	tag, err := db.Exec(ctx, s.completeSQL, p.Scope, p.Key, p.Token, enc)
+	n, err := db.Exec(ctx, s.completeSQL, p.Scope, p.Key, p.Token, enc)
 	if err != nil {
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return idemstore.ErrLeaseLost
 	}
 	return nil
@@ -569,11 +605,11 @@ func (s *Store) encodeResponse(p idemstore.CompleteParams, op string) ([]byte, e
 
 // Release implements idemstore.Store.
 func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
-	tag, err := s.pool.Exec(ctx, s.releaseSQL, p.Scope, p.Key, p.Token)
+	n, err := s.db.Exec(ctx, s.releaseSQL, p.Scope, p.Key, p.Token)
 	if err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return idemstore.ErrLeaseLost
 	}
 	return nil
@@ -589,11 +625,11 @@ func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredPara
 	if p.Limit <= 0 {
 		return 0, errors.New("pgstore: DeleteExpired needs a positive limit")
 	}
-	tag, err := s.pool.Exec(ctx, s.deleteExpiredSQL, p.Limit)
+	n, err := s.db.Exec(ctx, s.deleteExpiredSQL, p.Limit)
 	if err != nil {
 		return 0, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return int(n), nil
 }
 
 // fenceSeq is the quoted name of the sequence fences are drawn from.
@@ -604,7 +640,7 @@ func (s *Store) fenceSeq() string {
 // SaveCheckpoint implements idemstore.StepStore. With p.EndLease the lease ends
 // at the database's current time; p.Now is ignored.
 func (s *Store) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
-	return s.saveCheckpoint(ctx, s.pool, p)
+	return s.saveCheckpoint(ctx, s.db, p)
 }
 
 // SaveCheckpointTx is SaveCheckpoint inside the caller's transaction tx on
@@ -616,10 +652,19 @@ func (s *Store) SaveCheckpointTx(ctx context.Context, tx pgx.Tx, p idemstore.Sav
 	if tx == nil {
 		return errors.New("pgstore: save checkpoint in transaction: nil transaction")
 	}
-	return s.saveCheckpoint(ctx, tx, p)
+	return s.saveCheckpoint(ctx, pgdb.PgxTx{T: tx}, p)
 }
 
-func (s *Store) saveCheckpoint(ctx context.Context, db execer, p idemstore.SaveCheckpointParams) error {
+// SaveCheckpointSQLTx is SaveCheckpointTx for a *sql.Tx of a Store made
+// by NewDB.
+func (s *Store) SaveCheckpointSQLTx(ctx context.Context, tx *sql.Tx, p idemstore.SaveCheckpointParams) error {
+	if tx == nil {
+		return errors.New("pgstore: save checkpoint in transaction: nil transaction")
+	}
+	return s.saveCheckpoint(ctx, &pgdb.SQLTx{T: tx}, p)
+}
+
+func (s *Store) saveCheckpoint(ctx context.Context, db pgdb.Querier, p idemstore.SaveCheckpointParams) error {
 	if len(p.Checkpoint) == 0 {
 		return errors.New("pgstore: empty checkpoint")
 	}
@@ -630,11 +675,11 @@ func (s *Store) saveCheckpoint(ctx context.Context, db execer, p idemstore.SaveC
 	case p.EndLease:
 		q = s.endLeaseSQL
 	}
-	tag, err := db.Exec(ctx, q, p.Scope, p.Key, p.Token, p.Checkpoint)
+	n, err := db.Exec(ctx, q, p.Scope, p.Key, p.Token, p.Checkpoint)
 	if err != nil {
 		return fmt.Errorf("pgstore: save checkpoint: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return idemstore.ErrLeaseLost
 	}
 	return nil
@@ -651,16 +696,20 @@ func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore
 	if p.Held {
 		q = s.heldSQL
 	}
-	rows, err := s.pool.Query(ctx, q, p.Limit)
+	rows, err := s.db.Query(ctx, q, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: stuck: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (idemstore.StuckRecord, error) {
+	defer rows.Close()
+	var out []idemstore.StuckRecord
+	for rows.Next() {
 		var r idemstore.StuckRecord
-		err := row.Scan(&r.Scope, &r.Key, &r.Fingerprint, &r.Checkpoint, &r.LeaseExpiresAt)
-		return r, err
-	})
-	if err != nil {
+		if err := rows.Scan(&r.Scope, &r.Key, &r.Fingerprint, &r.Checkpoint, &r.LeaseExpiresAt); err != nil {
+			return nil, fmt.Errorf("pgstore: stuck: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgstore: stuck: %w", err)
 	}
 	return out, nil

@@ -2,6 +2,8 @@ package pgstore_test
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -19,21 +21,24 @@ import (
 
 // The whole contract holds with synchronous and with asynchronous claim
 // commits (Config.AsyncClaim), and with duplicates answered by a read
-// before the claim statement (Config.ReadFirst).
+// before the claim statement (Config.ReadFirst), on pgx (New) and on
+// database/sql (NewDB).
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		name string
-		cfg  *pgstore.Config
-	}{{"sync", nil}, {"async-claim", &pgstore.Config{AsyncClaim: true}}, {"read-first", &pgstore.Config{AsyncClaim: true, ReadFirst: true}}} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			storetest.Run(t, storetest.Harness{
-				NewStore:    func(t *testing.T) idemstore.Store { return newFixture(t, c.cfg).store },
-				ServerClock: true,
+	eachMode(t, func(t *testing.T, mode string) {
+		for _, c := range []struct {
+			name string
+			cfg  *pgstore.Config
+		}{{"sync", nil}, {"async-claim", &pgstore.Config{AsyncClaim: true}}, {"read-first", &pgstore.Config{AsyncClaim: true, ReadFirst: true}}} {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				storetest.Run(t, storetest.Harness{
+					NewStore:    func(t *testing.T) idemstore.Store { return newFixtureIn(t, mode, c.cfg).store },
+					ServerClock: true,
+				})
 			})
-		})
-	}
+		}
+	})
 }
 
 const fpA = idem.FingerprintVersion + ":aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -82,6 +87,31 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 	if _, err := pgstore.New(t.Context(), nil, nil); err == nil {
 		t.Error("New with a nil pool succeeded")
+	}
+}
+
+// noDriver is a database/sql driver that is not pgx's.
+type noDriver struct{}
+
+func (noDriver) Open(string) (driver.Conn, error) { return nil, errors.New("not a database") }
+
+func init() { sql.Register("idemtest-nodriver", noDriver{}) }
+
+func TestNewDBRejectsOtherDrivers(t *testing.T) {
+	t.Parallel()
+	if _, err := pgstore.NewDB(t.Context(), nil, nil); err == nil {
+		t.Error("NewDB with a nil *sql.DB succeeded")
+	}
+	db, err := sql.Open("idemtest-nodriver", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := pgstore.NewDB(t.Context(), db, nil); err == nil || !strings.Contains(err.Error(), "pgx") {
+		t.Errorf("NewDB on another driver: %v, want an error naming pgx's driver", err)
+	}
+	if _, err := pgstore.NewDB(t.Context(), sharedSQL(t), &pgstore.Config{Schema: "Bad"}); err == nil {
+		t.Error("NewDB with a bad schema name succeeded")
 	}
 }
 
@@ -173,19 +203,20 @@ func TestNewOnMigratedSchemaAndSkipMigrate(t *testing.T) {
 // return ErrResponseTooLarge and the record stays in flight, still owned.
 func TestResponseTooLarge(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, &pgstore.Config{MaxResponseBytes: 1000})
+	eachMode(t, testResponseTooLarge)
+}
+
+func testResponseTooLarge(t *testing.T, mode string) {
+	f := newFixtureIn(t, mode, &pgstore.Config{MaxResponseBytes: 1000})
 	p := claimParams("scope", "k")
 	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 	big := &idemstore.Response{StatusCode: 200, Body: make([]byte, 1001)}
 	if err := f.store.Complete(t.Context(), completeParams(p, big)); !errors.Is(err, idemstore.ErrResponseTooLarge) {
 		t.Fatalf("Complete of 1001 bytes: %v, want ErrResponseTooLarge", err)
 	}
-	tx, err := f.pool.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = f.store.CompleteTx(t.Context(), tx, completeParams(p, big))
-	_ = tx.Rollback(t.Context())
+	tx := f.begin(t)
+	err := tx.complete(t.Context(), completeParams(p, big))
+	_ = tx.rollback(t.Context())
 	if !errors.Is(err, idemstore.ErrResponseTooLarge) {
 		t.Fatalf("CompleteTx of 1001 bytes: %v, want ErrResponseTooLarge", err)
 	}
@@ -524,23 +555,33 @@ func TestClaimRejectsBadArguments(t *testing.T) {
 	}
 }
 
-// The Tx of BeginTx: Native is the pgx.Tx, Rollback after Commit is a
-// no-op, and Commit makes the completion visible.
+// The Tx of BeginTx: Native is the pgx.Tx (New) or the *sql.Tx (NewDB),
+// Rollback after Commit is a no-op, and Commit makes the completion
+// visible.
 func TestBeginTx(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	eachMode(t, testBeginTx)
+}
+
+func testBeginTx(t *testing.T, mode string) {
+	f := newFixtureIn(t, mode, nil)
 	p := claimParams("scope", "k")
 	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 	st, err := f.store.BeginTx(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, ok := st.Native().(pgx.Tx)
+	var ok bool
+	if mode == modeSQL {
+		_, ok = st.Native().(*sql.Tx)
+	} else {
+		_, ok = st.Native().(pgx.Tx)
+	}
 	if !ok {
-		t.Fatalf("Native() is a %T, want a pgx.Tx", st.Native())
+		t.Fatalf("Native() is a %T in mode %s", st.Native(), mode)
 	}
 	var one int
-	if err := tx.QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil {
+	if err := nativeQueryRow(t.Context(), st.Native(), "SELECT 1").Scan(&one); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Complete(t.Context(), completeParams(p, &idemstore.Response{StatusCode: 204})); err != nil {

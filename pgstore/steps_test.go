@@ -9,26 +9,20 @@ import (
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemstore"
-	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
 // stepsFixture is a store with a business table of notes.
-func stepsFixture(t *testing.T) (*fixture, string) {
+func stepsFixture(t *testing.T, mode string) (*fixture, string) {
 	t.Helper()
-	f := newFixture(t, nil)
+	f := newFixtureIn(t, mode, nil)
 	notes := pgx.Identifier{f.schema, "notes"}.Sanitize()
 	f.exec(t, "CREATE TABLE "+notes+" (id bigserial PRIMARY KEY, note text NOT NULL)")
 	return f, notes
 }
 
 func insertNote(ctx context.Context, table, note string) error {
-	tx, err := pgstore.Tx(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = tx.Exec(ctx, "INSERT INTO "+table+" (note) VALUES ($1)", note)
-	return err
+	return execTx(ctx, "INSERT INTO "+table+" (note) VALUES ($1)", note)
 }
 
 func (f *fixture) notes(t *testing.T, table string) []string {
@@ -48,7 +42,11 @@ func (f *fixture) notes(t *testing.T, table string) []string {
 // after it.
 func TestStepWritesCommitWithTheRecoveryPoint(t *testing.T) {
 	t.Parallel()
-	f, table := stepsFixture(t)
+	eachMode(t, testStepWritesCommitWithTheRecoveryPoint)
+}
+
+func testStepWritesCommitWithTheRecoveryPoint(t *testing.T, mode string) {
+	f, table := stepsFixture(t, mode)
 	exec, err := idem.NewExecutor(f.store, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +95,11 @@ func TestStepWritesCommitWithTheRecoveryPoint(t *testing.T) {
 // over) commits none of its step's writes.
 func TestStaleOwnerStepRollsBack(t *testing.T) {
 	t.Parallel()
-	f, table := stepsFixture(t)
+	eachMode(t, testStaleOwnerStepRollsBack)
+}
+
+func testStaleOwnerStepRollsBack(t *testing.T, mode string) {
+	f, table := stepsFixture(t, mode)
 	cfg := &idem.Config{Lease: time.Hour, TTL: 24 * time.Hour}
 	stale, _ := idem.NewExecutor(f.store, cfg)
 	successor, _ := idem.NewExecutor(f.store, cfg)
@@ -143,7 +145,11 @@ func TestStaleOwnerStepRollsBack(t *testing.T) {
 // fence.
 func TestDownstreamRefusesAStaleFence(t *testing.T) {
 	t.Parallel()
-	f, _ := stepsFixture(t)
+	eachMode(t, testDownstreamRefusesAStaleFence)
+}
+
+func testDownstreamRefusesAStaleFence(t *testing.T, mode string) {
+	f, _ := stepsFixture(t, mode)
 	accounts := pgx.Identifier{f.schema, "accounts"}.Sanitize()
 	f.exec(t, "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL)")
 	f.exec(t, "INSERT INTO "+accounts+" VALUES (1, 0, 0)")

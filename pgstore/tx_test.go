@@ -26,20 +26,20 @@ func businessTable(t *testing.T, f *fixture) string {
 
 func TestCompleteTxCommitsWithBusinessRows(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	eachMode(t, testCompleteTxCommitsWithBusinessRows)
+}
+
+func testCompleteTxCommitsWithBusinessRows(t *testing.T, mode string) {
+	f := newFixtureIn(t, mode, nil)
 	payments := businessTable(t, f)
 	p := claimParams("scope", "pay-1")
 	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 
-	tx, err := f.pool.Begin(t.Context())
-	if err != nil {
+	tx := f.begin(t)
+	if err := tx.exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", p.Key); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", p.Key); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.store.CompleteTx(t.Context(), tx, completeParams(p, &idemstore.Response{StatusCode: 201, Body: []byte("paid")})); err != nil {
+	if err := tx.complete(t.Context(), completeParams(p, &idemstore.Response{StatusCode: 201, Body: []byte("paid")})); err != nil {
 		t.Fatalf("CompleteTx: %v", err)
 	}
 	// Before the commit, others see neither the payment nor the response.
@@ -47,7 +47,7 @@ func TestCompleteTxCommitsWithBusinessRows(t *testing.T) {
 		t.Errorf("%d payments visible before commit", n)
 	}
 	mustClaim(t, f.store, claimParams("scope", "pay-1"), idemstore.ClaimInFlight)
-	if err := tx.Commit(t.Context()); err != nil {
+	if err := tx.commit(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.count(t, "SELECT count(*) FROM "+payments+" WHERE idem_key = 'pay-1'"); n != 1 {
@@ -63,7 +63,11 @@ func TestCompleteTxCommitsWithBusinessRows(t *testing.T) {
 // business rows: CompleteTx says ErrLeaseLost, the caller rolls back.
 func TestCompleteTxStaleTokenRollsBack(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	eachMode(t, testCompleteTxStaleTokenRollsBack)
+}
+
+func testCompleteTxStaleTokenRollsBack(t *testing.T, mode string) {
+	f := newFixtureIn(t, mode, nil)
 	payments := businessTable(t, f)
 	stale := claimParams("scope", "pay-1")
 	mustClaim(t, f.store, stale, idemstore.ClaimAcquired)
@@ -73,19 +77,15 @@ func TestCompleteTxStaleTokenRollsBack(t *testing.T) {
 		t.Fatal("the successor's claim did not take over")
 	}
 
-	tx, err := f.pool.Begin(t.Context())
-	if err != nil {
+	tx := f.begin(t)
+	if err := tx.exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", stale.Key); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(t.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", stale.Key); err != nil {
-		t.Fatal(err)
-	}
-	err = f.store.CompleteTx(t.Context(), tx, completeParams(stale, &idemstore.Response{StatusCode: 201, Body: []byte("stale")}))
+	err := tx.complete(t.Context(), completeParams(stale, &idemstore.Response{StatusCode: 201, Body: []byte("stale")}))
 	if !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("stale CompleteTx: %v, want ErrLeaseLost", err)
 	}
-	if err := tx.Rollback(t.Context()); err != nil {
+	if err := tx.rollback(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.count(t, "SELECT count(*) FROM "+payments); n != 0 {
@@ -102,22 +102,22 @@ func TestCompleteTxStaleTokenRollsBack(t *testing.T) {
 // transaction and then replays, instead of executing a second time.
 func TestTakeOverWaitsForCompletingTransaction(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	eachMode(t, testTakeOverWaitsForCompletingTransaction)
+}
+
+func testTakeOverWaitsForCompletingTransaction(t *testing.T, mode string) {
+	f := newFixtureIn(t, mode, nil)
 	p := claimParams("scope", "slow")
 	mustClaim(t, f.store, p, idemstore.ClaimAcquired)
 	f.expireLease(t, p.Scope, p.Key)
-	tx, err := f.pool.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
+	tx := f.begin(t)
 	var pid int
-	if err := tx.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	if err := tx.queryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
 	// The lease has run out but nobody took the record over: the owner
 	// still completes it.
-	if err := f.store.CompleteTx(t.Context(), tx, completeParams(p, &idemstore.Response{StatusCode: 201, Body: []byte("done")})); err != nil {
+	if err := tx.complete(t.Context(), completeParams(p, &idemstore.Response{StatusCode: 201, Body: []byte("done")})); err != nil {
 		t.Fatal(err)
 	}
 	type result struct {
@@ -130,7 +130,7 @@ func TestTakeOverWaitsForCompletingTransaction(t *testing.T) {
 		done <- result{r, err}
 	}()
 	waitForBlocked(t, f, pid)
-	if err := tx.Commit(t.Context()); err != nil {
+	if err := tx.commit(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	res := <-done
@@ -147,6 +147,42 @@ func TestTxOutsideExecution(t *testing.T) {
 	if _, err := pgstore.Tx(context.Background()); !errors.Is(err, idem.ErrNoTx) {
 		t.Errorf("Tx outside an execution: %v, want ErrNoTx", err)
 	}
+	if _, err := pgstore.SQLTx(context.Background()); !errors.Is(err, idem.ErrNoTx) {
+		t.Errorf("SQLTx outside an execution: %v, want ErrNoTx", err)
+	}
+}
+
+// Tx answers in an execution of a Store made by New, SQLTx in one of a
+// Store made by NewDB; each refuses the other's, naming the one to use.
+func TestTxMatchesTheMode(t *testing.T) {
+	t.Parallel()
+	eachMode(t, func(t *testing.T, mode string) {
+		f := newFixtureIn(t, mode, nil)
+		exec, err := idem.NewExecutor(f.store, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var right, wrong error
+		_, err = exec.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k", Fingerprint: "v1:x"}, func(ctx context.Context) (*idemstore.Response, error) {
+			if mode == modeSQL {
+				_, right = pgstore.SQLTx(ctx)
+				_, wrong = pgstore.Tx(ctx)
+			} else {
+				_, right = pgstore.Tx(ctx)
+				_, wrong = pgstore.SQLTx(ctx)
+			}
+			return &idemstore.Response{StatusCode: 200}, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if right != nil {
+			t.Errorf("the mode's own accessor: %v", right)
+		}
+		if wrong == nil || errors.Is(wrong, idem.ErrNoTx) {
+			t.Errorf("the other mode's accessor: %v, want an error naming the right one", wrong)
+		}
+	})
 }
 
 // Through the middleware: the handler's business row and the stored
@@ -154,7 +190,11 @@ func TestTxOutsideExecution(t *testing.T) {
 // released, so a retry runs the handler again.
 func TestMiddlewareTransaction(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	eachMode(t, testMiddlewareTransaction)
+}
+
+func testMiddlewareTransaction(t *testing.T, mode string) {
+	f := newFixtureIn(t, mode, nil)
 	payments := businessTable(t, f)
 	mw, err := idem.NewMiddleware(f.store, nil)
 	if err != nil {
@@ -165,13 +205,8 @@ func TestMiddlewareTransaction(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", mw.Handle(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
-		tx, err := pgstore.Tx(r.Context())
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
 		info, _ := idem.InfoFromContext(r.Context())
-		if _, err := tx.Exec(r.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", info.Key); err != nil {
+		if err := execTx(r.Context(), "INSERT INTO "+payments+" (idem_key, amount) VALUES ($1, 100)", info.Key); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}

@@ -11,7 +11,7 @@
 // (Unauthenticated). Two callers who send the same key get an order each;
 // without the scope, the second would get the first one's order replayed.
 //
-//	go run ./grpc -db orders.db                 # serve on 127.0.0.1:8094
+//	go run ./grpc -db orders.db                 # serve on 127.0.0.1:8096
 //	go run ./grpc -call book                    # create an order as alice through the client interceptor
 //	go run ./grpc -call book -token bob -key order-1
 package main
@@ -47,7 +47,7 @@ const createMethod = "/examples.Orders/Create"
 
 func main() {
 	db := flag.String("db", "orders.db", "SQLite file for records and orders")
-	addr := flag.String("addr", "127.0.0.1:8094", "listen (or, with -call, dial) address")
+	addr := flag.String("addr", "127.0.0.1:8096", "listen (or, with -call, dial) address")
 	item := flag.String("call", "", "act as a client: create an order for this item")
 	key := flag.String("key", "", "with -call: the idempotency key (default: a fresh one, kept across retries)")
 	token := flag.String("token", "alice", "with -call: the caller's bearer token (it names the caller)")

@@ -22,6 +22,7 @@ import (
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 )
@@ -107,6 +108,15 @@ func faultyRedis(t *testing.T) (idemstore.Store, *toxiproxy.Proxy) {
 // faultyPostgres returns a store on the test PostgreSQL through a
 // toxiproxy. The schema is created on a direct connection first.
 func faultyPostgres(t *testing.T) (idemstore.Store, *toxiproxy.Proxy) {
+	return faultyPostgresIn(t, false)
+}
+
+// faultyPostgresSQL is faultyPostgres on database/sql (pgstore.NewDB).
+func faultyPostgresSQL(t *testing.T) (idemstore.Store, *toxiproxy.Proxy) {
+	return faultyPostgresIn(t, true)
+}
+
+func faultyPostgresIn(t *testing.T, viaSQL bool) (idemstore.Store, *toxiproxy.Proxy) {
 	direct := newPool(t, postgresURL())
 	schema := newSchemaName()
 	newPGStore(t, direct, pgstore.Config{Schema: schema})
@@ -120,6 +130,17 @@ func faultyPostgres(t *testing.T) (idemstore.Store, *toxiproxy.Proxy) {
 	fmt.Sscan(port, &cfg.ConnConfig.Port)
 	cfg.ConnConfig.ConnectTimeout = 500 * time.Millisecond
 	cfg.MaxConns = 8
+	if viaSQL {
+		db := stdlib.OpenDB(*cfg.ConnConfig)
+		db.SetMaxOpenConns(8)
+		db.SetMaxIdleConns(8)
+		t.Cleanup(func() { _ = db.Close() })
+		s, err := pgstore.NewDB(t.Context(), db, &pgstore.Config{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, p
+	}
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +161,7 @@ func faultyPostgres(t *testing.T) (idemstore.Store, *toxiproxy.Proxy) {
 func TestFaultInvariants(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) (idemstore.Store, *toxiproxy.Proxy){
-		"Redis": faultyRedis, "PostgreSQL": faultyPostgres,
+		"Redis": faultyRedis, "PostgreSQL": faultyPostgres, "PostgreSQL-database-sql": faultyPostgresSQL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -265,7 +286,7 @@ func checkFaultInvariants(t *testing.T, store idemstore.Store, p *toxiproxy.Prox
 func TestLinearizableUnderFaults(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) (idemstore.Store, *toxiproxy.Proxy){
-		"Redis": faultyRedis, "PostgreSQL": faultyPostgres,
+		"Redis": faultyRedis, "PostgreSQL": faultyPostgres, "PostgreSQL-database-sql": faultyPostgresSQL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

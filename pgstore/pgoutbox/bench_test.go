@@ -19,7 +19,7 @@ func (discard) Publish(context.Context, []outbox.Message) []error { return nil }
 // batch of 100 (advisory lock, UPDATE … RETURNING), mark it sent. The
 // publisher acknowledges at once. One op is one message.
 func BenchmarkDispatch(b *testing.B) {
-	tb := setup(b)
+	tb := setup(b, "pgx")
 	payload := make([]byte, 200)
 	for i := 0; i < b.N; i += 100 {
 		var ms []outbox.Message

@@ -2,7 +2,7 @@
 // that messages commit in the same transaction as an idempotent
 // operation's business rows and its stored response (pgstore.Tx).
 //
-//	ob, _ := pgoutbox.New(pool, nil)
+//	ob, _ := pgoutbox.New(pool, nil) // or pgoutbox.NewDB(db, nil) with pgstore.NewDB
 //	_ = ob.Migrate(ctx)
 //	// inside the handler, after the business writes:
 //	err := ob.Add(r.Context(), outbox.Message{ID: "payment.created:" + id, Topic: "idem.payments.created", Payload: event})
@@ -22,6 +22,7 @@ package pgoutbox
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -32,8 +33,10 @@ import (
 
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/pgstore"
+	"github.com/idemhq/idem/pgstore/internal/pgdb"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // Defaults of Config.
@@ -56,7 +59,8 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Store is an outbox table in PostgreSQL. It implements outbox.Store.
 type Store struct {
-	pool    *pgxpool.Pool
+	db      pgdb.DB
+	sqlMode bool // made by NewDB: Add uses pgstore.SQLTx
 	schema  string
 	table   string // quoted and schema-qualified
 	name    string // the table's own name, for its indexes
@@ -68,6 +72,26 @@ var _ outbox.Store = (*Store)(nil)
 // New returns the outbox in the database of pool, which the caller owns.
 // It runs no statement; call Migrate once.
 func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgoutbox: nil pool")
+	}
+	return build(pgdb.Pool{P: pool}, false, cfg)
+}
+
+// NewDB returns the outbox in the database of db, which the caller owns:
+// a database/sql DB opened with pgx's stdlib driver, for a pgstore.Store
+// made by pgstore.NewDB. It runs no statement; call Migrate once.
+func NewDB(db *sql.DB, cfg *Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("pgoutbox: nil *sql.DB")
+	}
+	if _, ok := db.Driver().(*stdlib.Driver); !ok {
+		return nil, fmt.Errorf("pgoutbox: the *sql.DB's driver is a %T: open it with pgx's stdlib driver (github.com/jackc/pgx/v5/stdlib)", db.Driver())
+	}
+	return build(pgdb.SQL{D: db}, true, cfg)
+}
+
+func build(db pgdb.DB, sqlMode bool, cfg *Config) (*Store, error) {
 	var c Config
 	if cfg != nil {
 		c = *cfg
@@ -78,16 +102,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
-	if pool == nil {
-		return nil, errors.New("pgoutbox: nil pool")
-	}
 	if !identifier.MatchString(c.Schema) || !identifier.MatchString(c.Table) {
 		return nil, fmt.Errorf("pgoutbox: schema %q and table %q must be plain SQL identifiers", c.Schema, c.Table)
 	}
 	t := pgx.Identifier{c.Schema, c.Table}.Sanitize()
 	h := fnv.New64a()
 	h.Write([]byte("idem outbox claims " + t))
-	return &Store{pool: pool, schema: c.Schema, table: t, name: c.Table, lockKey: int64(h.Sum64())}, nil
+	return &Store{db: db, sqlMode: sqlMode, schema: c.Schema, table: t, name: c.Table, lockKey: int64(h.Sum64())}, nil
 }
 
 // Migrate creates the schema, the outbox table and its indexes if they do
@@ -95,7 +116,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 // by an advisory lock.
 func (s *Store) Migrate(ctx context.Context) error {
 	t := s.table
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgdb.BeginFunc(ctx, s.db, func(tx pgdb.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "idem outbox migrate "+t); err != nil {
 			return err
 		}
@@ -130,10 +151,18 @@ func (s *Store) indexName(suffix string) string {
 }
 
 // Add adds msgs to the outbox inside the transaction of the idempotent
-// execution ctx belongs to (pgstore.Tx): they commit with the operation's
-// business rows and stored response, or not at all. Outside such an
-// execution it returns an error wrapping idem.ErrNoTx. See AddTx.
+// execution ctx belongs to (pgstore.Tx, or pgstore.SQLTx for a Store made
+// by NewDB): they commit with the operation's business rows and stored
+// response, or not at all. Outside such an execution it returns an error
+// wrapping idem.ErrNoTx. See AddTx.
 func (s *Store) Add(ctx context.Context, msgs ...outbox.Message) error {
+	if s.sqlMode {
+		tx, err := pgstore.SQLTx(ctx)
+		if err != nil {
+			return fmt.Errorf("pgoutbox: add: %w", err)
+		}
+		return s.AddSQLTx(ctx, tx, msgs...)
+	}
 	tx, err := pgstore.Tx(ctx)
 	if err != nil {
 		return fmt.Errorf("pgoutbox: add: %w", err)
@@ -149,6 +178,18 @@ func (s *Store) AddTx(ctx context.Context, tx pgx.Tx, msgs ...outbox.Message) er
 	if tx == nil {
 		return errors.New("pgoutbox: add: nil transaction")
 	}
+	return s.add(ctx, pgdb.PgxTx{T: tx}, msgs)
+}
+
+// AddSQLTx is AddTx in a *sql.Tx on this database.
+func (s *Store) AddSQLTx(ctx context.Context, tx *sql.Tx, msgs ...outbox.Message) error {
+	if tx == nil {
+		return errors.New("pgoutbox: add: nil transaction")
+	}
+	return s.add(ctx, &pgdb.SQLTx{T: tx}, msgs)
+}
+
+func (s *Store) add(ctx context.Context, tx pgdb.Querier, msgs []outbox.Message) error {
 	for i := range msgs {
 		m, h, err := outbox.PrepareRow(msgs[i])
 		if err != nil {
@@ -169,7 +210,7 @@ func (s *Store) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Messa
 	}
 	t := s.table
 	var msgs []outbox.Message
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgdb.BeginFunc(ctx, s.db, func(tx pgdb.Tx) error {
 		msgs = msgs[:0]
 		// A claim lost in a server crash only makes its messages
 		// claimable again: it need not wait for its WAL flush.
@@ -218,7 +259,7 @@ func (s *Store) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Messa
 // again (with their ids, so brokers and inboxes drop the copies), which
 // at-least-once allows; it saves one flush per batch.
 func (s *Store) MarkSent(ctx context.Context, owner string, seqs []int64) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgdb.BeginFunc(ctx, s.db, func(tx pgdb.Tx) error {
 		_, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`)
 		if err == nil {
 			_, err = tx.Exec(ctx, `UPDATE `+s.table+` SET sent_at = now(), claimed_by = NULL, claim_until = NULL
@@ -234,7 +275,7 @@ func (s *Store) MarkSent(ctx context.Context, owner string, seqs []int64) error 
 
 // Release implements outbox.Store.
 func (s *Store) Release(ctx context.Context, owner string, seqs []int64) error {
-	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET claimed_by = NULL, claim_until = NULL
+	_, err := s.db.Exec(ctx, `UPDATE `+s.table+` SET claimed_by = NULL, claim_until = NULL
 		WHERE seq = ANY($1) AND claimed_by = $2 AND sent_at IS NULL`, seqs, owner)
 	if err != nil {
 		return fmt.Errorf("pgoutbox: release: %w", err)
@@ -247,19 +288,19 @@ func (s *Store) DeleteSent(ctx context.Context, before time.Time, limit int) (in
 	if limit <= 0 {
 		return 0, errors.New("pgoutbox: DeleteSent needs a positive limit")
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+` WHERE seq IN (
+	n, err := s.db.Exec(ctx, `DELETE FROM `+s.table+` WHERE seq IN (
 		SELECT seq FROM `+s.table+` WHERE sent_at IS NOT NULL AND sent_at <= $1 ORDER BY sent_at LIMIT $2)`, before, limit)
 	if err != nil {
 		return 0, fmt.Errorf("pgoutbox: delete sent: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return int(n), nil
 }
 
 // Pending returns how many messages are not yet sent: for health checks
 // and tests.
 func (s *Store) Pending(ctx context.Context) (int64, error) {
 	var n int64
-	if err := s.pool.QueryRow(ctx, `SELECT COUNT(*) FROM `+s.table+` WHERE sent_at IS NULL`).Scan(&n); err != nil {
+	if err := s.db.QueryRow(ctx, `SELECT COUNT(*) FROM `+s.table+` WHERE sent_at IS NULL`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("pgoutbox: pending: %w", err)
 	}
 	return n, nil
@@ -273,7 +314,7 @@ const pendingColumns = `seq, id, topic, okey, octet_length(payload), created_at,
 	CASE WHEN claim_until > now() THEN claim_until END`
 
 // scanPending reads pendingColumns (and payload, headers if withPayload).
-func scanPending(row pgx.Row, withPayload bool) (outbox.PendingMessage, error) {
+func scanPending(row pgdb.Row, withPayload bool) (outbox.PendingMessage, error) {
 	var (
 		m     outbox.PendingMessage
 		until *time.Time
@@ -303,7 +344,7 @@ func scanPending(row pgx.Row, withPayload bool) (outbox.PendingMessage, error) {
 // operator tools that look for an outbox next to the records.
 func (s *Store) Exists(ctx context.Context) (bool, error) {
 	var ok bool
-	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.table).Scan(&ok); err != nil {
+	if err := s.db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.table).Scan(&ok); err != nil {
 		return false, fmt.Errorf("pgoutbox: exists: %w", err)
 	}
 	return ok, nil
@@ -316,9 +357,9 @@ func (s *Store) Backlog(ctx context.Context) (int64, *outbox.PendingMessage, err
 	if err != nil || n == 0 {
 		return n, nil, err
 	}
-	m, err := scanPending(s.pool.QueryRow(ctx, `SELECT `+pendingColumns+` FROM `+s.table+
+	m, err := scanPending(s.db.QueryRow(ctx, `SELECT `+pendingColumns+` FROM `+s.table+
 		` WHERE sent_at IS NULL ORDER BY seq LIMIT 1`), false)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if pgdb.IsNoRows(err) {
 		return 0, nil, nil // sent since the count
 	}
 	if err != nil {
@@ -337,15 +378,21 @@ func (s *Store) ListPending(ctx context.Context, p outbox.ListPendingParams) ([]
 	if p.WithPayload {
 		cols += `, payload, headers`
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+cols+` FROM `+s.table+
+	rows, err := s.db.Query(ctx, `SELECT `+cols+` FROM `+s.table+
 		` WHERE sent_at IS NULL AND seq > $1 ORDER BY seq LIMIT $2`, p.After, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("pgoutbox: list pending: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.PendingMessage, error) {
-		return scanPending(r, p.WithPayload)
-	})
-	if err != nil {
+	defer rows.Close()
+	var out []outbox.PendingMessage
+	for rows.Next() {
+		m, err := scanPending(rows, p.WithPayload)
+		if err != nil {
+			return nil, fmt.Errorf("pgoutbox: list pending: %w", err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgoutbox: list pending: %w", err)
 	}
 	return out, nil
@@ -353,9 +400,9 @@ func (s *Store) ListPending(ctx context.Context, p outbox.ListPendingParams) ([]
 
 // GetPending implements outbox.Inspector.
 func (s *Store) GetPending(ctx context.Context, seq int64) (outbox.PendingMessage, error) {
-	m, err := scanPending(s.pool.QueryRow(ctx, `SELECT `+pendingColumns+`, payload, headers FROM `+s.table+
+	m, err := scanPending(s.db.QueryRow(ctx, `SELECT `+pendingColumns+`, payload, headers FROM `+s.table+
 		` WHERE seq = $1 AND sent_at IS NULL`, seq), true)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if pgdb.IsNoRows(err) {
 		return m, outbox.ErrNotPending
 	}
 	if err != nil {
@@ -366,12 +413,12 @@ func (s *Store) GetPending(ctx context.Context, seq int64) (outbox.PendingMessag
 
 // RetryNow implements outbox.Inspector.
 func (s *Store) RetryNow(ctx context.Context, seq int64) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET claimed_by = NULL, claim_until = NULL
+	n, err := s.db.Exec(ctx, `UPDATE `+s.table+` SET claimed_by = NULL, claim_until = NULL
 		WHERE seq = $1 AND sent_at IS NULL`, seq)
 	if err != nil {
 		return fmt.Errorf("pgoutbox: retry: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return outbox.ErrNotPending
 	}
 	return nil

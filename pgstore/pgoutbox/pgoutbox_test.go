@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem/pgstore/pgoutbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 const defaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
@@ -30,10 +31,21 @@ type testBundle struct {
 	exec *idem.Executor
 }
 
+// eachMode runs f as a parallel subtest on pgx ("pgx": pgstore.New,
+// New) and on database/sql ("sql": pgstore.NewDB, NewDB).
+func eachMode(t *testing.T, f func(t *testing.T, mode string)) {
+	for _, m := range []string{"pgx", "sql"} {
+		t.Run(m, func(t *testing.T) {
+			t.Parallel()
+			f(t, m)
+		})
+	}
+}
+
 // setup returns an outbox and a records store in a fresh schema, dropped
-// when the test ends. It skips when PostgreSQL is unreachable, unless CI is
-// set.
-func setup(t testing.TB) *testBundle {
+// when the test ends, both on pgx or both on database/sql (mode "sql"). It
+// skips when PostgreSQL is unreachable, unless CI is set.
+func setup(t testing.TB, mode string) *testBundle {
 	t.Helper()
 	url := os.Getenv("IDEM_TEST_POSTGRES_URL")
 	if url == "" {
@@ -65,11 +77,23 @@ func setup(t testing.TB) *testBundle {
 			t.Errorf("drop schema: %v", err)
 		}
 	})
-	st, err := pgstore.New(ctx, pool, &pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
+	var (
+		st *pgstore.Store
+		ob *pgoutbox.Store
+	)
+	if mode == "sql" {
+		db := stdlib.OpenDB(*pool.Config().ConnConfig)
+		db.SetMaxOpenConns(6)
+		db.SetMaxIdleConns(6)
+		t.Cleanup(func() { _ = db.Close() })
+		if st, err = pgstore.NewDB(ctx, db, &pgstore.Config{Schema: schema}); err == nil {
+			ob, err = pgoutbox.NewDB(db, &pgoutbox.Config{Schema: schema})
+		}
+	} else {
+		if st, err = pgstore.New(ctx, pool, &pgstore.Config{Schema: schema}); err == nil {
+			ob, err = pgoutbox.New(pool, &pgoutbox.Config{Schema: schema})
+		}
 	}
-	ob, err := pgoutbox.New(pool, &pgoutbox.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +138,11 @@ func ids(ms []outbox.Message) []string {
 
 func TestAddClaimMarkRelease(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	eachMode(t, testAddClaimMarkRelease)
+}
+
+func testAddClaimMarkRelease(t *testing.T, mode string) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	if err := b.add(t, "k1", false, msg("k1-a", "k1"), msg("k1-b", "k1"), msg("k2-a", "k2"), msg("free", "")); err != nil {
 		t.Fatal(err)
@@ -202,7 +230,11 @@ func (r *recorder) Publish(_ context.Context, msgs []outbox.Message) []error {
 // messages in order.
 func TestDispatchersShareAnOutbox(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	eachMode(t, testDispatchersShareAnOutbox)
+}
+
+func testDispatchersShareAnOutbox(t *testing.T, mode string) {
+	b := setup(t, mode)
 	rec := &recorder{}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -261,7 +293,11 @@ func TestDispatchersShareAnOutbox(t *testing.T) {
 
 func TestInspector(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	eachMode(t, testInspector)
+}
+
+func testInspector(t *testing.T, mode string) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	if ok, err := b.ob.Exists(ctx); err != nil || !ok {
 		t.Fatalf("Exists after Migrate = %v, %v", ok, err)
