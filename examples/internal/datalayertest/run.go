@@ -30,6 +30,7 @@ type backend struct {
 
 var backends = []backend{
 	{datalayer.SQLite, func(t *testing.T) string { return filepath.Join(t.TempDir(), "app.db") }},
+	{datalayer.Postgres, freshPostgres},
 }
 
 // Run runs lib's both-or-neither test on every backend, with a separate
