@@ -2,7 +2,7 @@
 // the execution's *sql.Tx (bun's Conn), so the order commits with its
 // idempotency record, or neither does.
 //
-//	go run ./datalayer/bun -db orders.db
+//	go run ./examples/datalayer/bun -db orders.db
 //	curl -i -X POST localhost:8104/orders -H 'Idempotency-Key: "o-1"' \
 //	  -H 'Content-Type: application/json' -d '{"item":"book","quantity":1}'
 package main

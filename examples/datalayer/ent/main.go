@@ -3,10 +3,9 @@
 // order commits with its idempotency record, or neither does.
 //
 // The client in ./ent is generated from ./ent/schema and committed; after
-// changing the schema, run `go generate ./datalayer/ent/ent` in the
-// examples module.
+// changing the schema, run `go generate ./examples/datalayer/ent/ent`.
 //
-//	go run ./datalayer/ent -db orders.db
+//	go run ./examples/datalayer/ent -db orders.db
 //	curl -i -X POST localhost:8103/orders -H 'Idempotency-Key: "o-1"' \
 //	  -H 'Content-Type: application/json' -d '{"item":"book","quantity":1}'
 package main

@@ -2,7 +2,7 @@
 // order through a *gorm.DB whose connection is the execution's *sql.Tx, so
 // the order commits with its idempotency record, or neither does.
 //
-//	go run ./datalayer/gorm -db orders.db
+//	go run ./examples/datalayer/gorm -db orders.db
 //	curl -i -X POST localhost:8101/orders -H 'Idempotency-Key: "o-1"' \
 //	  -H 'Content-Type: application/json' -d '{"item":"book","quantity":1}'
 package main

@@ -2,7 +2,7 @@
 // execution's *sql.Tx in a *sqlx.Tx, so the order commits with its
 // idempotency record, or neither does.
 //
-//	go run ./datalayer/sqlx -db orders.db
+//	go run ./examples/datalayer/sqlx -db orders.db
 //	curl -i -X POST localhost:8102/orders -H 'Idempotency-Key: "o-1"' \
 //	  -H 'Content-Type: application/json' -d '{"item":"book","quantity":1}'
 package main

@@ -1,5 +1,5 @@
 package ent
 
 // The generated code is committed. To regenerate it after changing the
-// schema, run `go generate ./datalayer/ent/ent` in the examples module.
+// schema, run `go generate ./examples/datalayer/ent/ent`.
 //go:generate go tool ent generate ./schema
