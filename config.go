@@ -174,8 +174,9 @@ type Config struct {
 	// with Retry-After within StoreTimeout, never a request that hangs for
 	// as long as its client waits. The calls made after the operation ran
 	// do not use the request's cancellation, so a client that disconnects
-	// cannot cancel the recording of work that was done. Defaults to 5
-	// seconds.
+	// cannot cancel the recording of work that was done. A memstore.Store
+	// (not a store wrapping one) without Encryption cannot stall: its
+	// claim, complete and release get no deadline. Defaults to 5 seconds.
 	StoreTimeout time.Duration
 
 	// NowFunc is the clock: it supplies Now to every store call (stores with

@@ -89,7 +89,7 @@
 //
 // # Integrations
 //
-// Adapters are modules too: idemgin, idemecho, idemgrpc, idemconnect,
+// Adapters are modules too: idemgin, idemecho, idemfiber, idemgrpc, idemconnect,
 // idemnats, idemamqp, idemkafka and idemotel. chi and Huma use the
 // middleware as it is.
 //

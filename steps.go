@@ -74,6 +74,33 @@ func ParseCheckpoint(b []byte) ([]StepState, error) {
 	return d.Steps, err
 }
 
+// CheckpointInfo is what a checkpoint records about its operation: its
+// steps, and what reconciliation counts (ReconcileParams.MaxAttempts,
+// MaxAge).
+type CheckpointInfo struct {
+	// Steps are the steps in the order they were first recorded.
+	Steps []StepState
+	// Since is when the operation's first recovery point was saved, by
+	// the core's clock; zero when the checkpoint does not say.
+	Since time.Time
+	// Attempts counts the attempts that ended without a stored outcome,
+	// a client's and the reconciler's alike.
+	Attempts int
+	// Held reports that reconciliation gave up on the operation: the
+	// record is held for an operator (idemstore.Record.Held).
+	Held bool
+}
+
+// ParseCheckpointInfo decodes a checkpoint as ParseCheckpoint does, with
+// its attempts, age and hold.
+func ParseCheckpointInfo(b []byte) (CheckpointInfo, error) {
+	d, err := parseCheckpointDoc(b)
+	if err != nil {
+		return CheckpointInfo{}, err
+	}
+	return CheckpointInfo{Steps: d.Steps, Since: d.Since, Attempts: d.Attempts, Held: d.Held}, nil
+}
+
 func parseCheckpointDoc(b []byte) (checkpointDoc, error) {
 	var d checkpointDoc
 	if len(b) == 0 {
@@ -316,14 +343,14 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 // other is released. The operation's open transaction rolls back either
 // way. A failure other than ErrLeaseLost is logged and reported: the record
 // then stays in flight until its lease expires.
-func (e *Executor) releaseOrSuspend(ctx context.Context, x *execution, tx idemstore.Tx) error {
-	r := &x.steps
+func (x *execution) releaseOrSuspend(ctx context.Context, tx idemstore.Tx) error {
+	e, r := x.e, &x.steps
 	r.mu.Lock()
 	keep := r.ss != nil && r.saved
 	r.suspended = keep
 	r.mu.Unlock()
 	if !keep {
-		return e.release(ctx, x, tx)
+		return x.release(ctx, tx)
 	}
 	if tx != nil {
 		e.rollback(ctx, tx)

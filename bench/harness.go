@@ -49,6 +49,11 @@ type options struct {
 	// those scenarios' traffic.
 	ScaleConcurrency, CleanupConcurrency int
 	PGURL, RedisURL                      string
+	// MySQLDSN is the MariaDB server, a go-sql-driver DSN.
+	MySQLDSN string
+	// ServeBackends selects the serve scenario's databases by the first
+	// word of their names (see serveBackend); empty: all.
+	ServeBackends string
 	// Repo is the repository root, where cmd/idem is built from.
 	Repo string
 	// Exe is the binary that serves systems (this program, or a test
@@ -101,6 +106,7 @@ type env struct {
 	pgErr  string
 	redOK  bool
 	redErr string
+	myOK   bool
 
 	mu       sync.Mutex
 	schemas  []string
@@ -127,6 +133,11 @@ func newEnv(ctx context.Context, o *options) (*env, error) {
 	} else {
 		e.pgOK = conn.Ping(pctx) == nil
 		conn.Close(pctx)
+	}
+	if err := mysqlReachable(pctx, o.MySQLDSN); err != nil {
+		e.note("MariaDB unreachable (%s): its systems were skipped.", err)
+	} else {
+		e.myOK = true
 	}
 	ropts, err := redis.ParseURL(o.RedisURL)
 	if err != nil {

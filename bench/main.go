@@ -81,6 +81,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.Slices, "slices", 4, "slices each matrix measurement is cut into, interleaved with the other systems' slices")
 	conc := fs.String("concurrency", "1,8,32,128", "comma-separated closed-loop worker counts")
 	serveConc := fs.String("serve-concurrency", "16", "comma-separated keep-alive client counts of the serve scenario")
+	fs.StringVar(&o.ServeBackends, "serve-backends", "", "comma-separated databases of the serve scenario, by the first word of their\nname, case-insensitive (sqlite, postgresql, mariadb, redis; default all)")
 	fs.DurationVar(&o.ServeDuration, "serve-duration", 3*time.Second, "length of each slice of the serve scenario")
 	scen := fs.String("scenarios", "", "comma-separated scenarios to run (default all): "+strings.Join(allScenarios, ","))
 	fs.StringVar(&o.Out, "out", "", "Markdown file whose generated section is rewritten (default: print the section)")
@@ -178,6 +179,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	o.PGURL = envOr("IDEM_TEST_POSTGRES_URL", defaultPGURL)
 	o.RedisURL = envOr("IDEM_TEST_REDIS_URL", defaultRedisURL)
+	o.MySQLDSN = envOr("IDEM_TEST_MYSQL_URL", defaultMySQLURL)
 	o.Strict = os.Getenv("CI") != ""
 	o.Command = "go run ./bench " + strings.Join(args, " ")
 	return o, nil

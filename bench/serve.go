@@ -113,7 +113,7 @@ func (e *env) startIdem(ctx context.Context, bin, sub string, args ...string) (*
 type serveBackend struct {
 	name                string
 	records             string // "" or "redis"
-	pg                  bool
+	pg, mysql           bool
 	firstMin, replayMin float64
 }
 
@@ -123,6 +123,7 @@ type serveBackend struct {
 var serveBackends = []serveBackend{
 	{name: "SQLite", firstMin: 0.6, replayMin: 0.9},
 	{name: "PostgreSQL", pg: true, firstMin: 0.5, replayMin: 0.9},
+	{name: "MariaDB", mysql: true, firstMin: 0.5, replayMin: 0.9},
 	{name: "Redis records, SQLite payments", records: "redis"},
 	{name: "Redis records, PostgreSQL payments", records: "redis", pg: true},
 }
@@ -148,15 +149,22 @@ func (e *env) runServe(ctx context.Context, r *report) error {
 		maxConc = max(maxConc, c)
 	}
 	for bi, bd := range serveBackends {
-		if (bd.pg && !e.pgOK) || (bd.records == "redis" && !e.redOK) {
+		if (bd.pg && !e.pgOK) || (bd.mysql && !e.myOK) || (bd.records == "redis" && !e.redOK) || !e.o.serveBackend(bd.name) {
 			continue
 		}
 		var db string
-		if bd.pg {
+		switch {
+		case bd.mysql:
+			var drop func()
+			if db, drop, err = e.myDatabase(ctx, fmt.Sprintf("serve%d", bi)); err != nil {
+				return err
+			}
+			defer drop()
+		case bd.pg:
 			if db, err = e.database(ctx, fmt.Sprintf("serve%d", bi)); err != nil {
 				return err
 			}
-		} else {
+		default:
 			db = filepath.Join(e.tmp, fmt.Sprintf("serve%d.db", bi))
 		}
 		args := []string{"--db", db}
@@ -320,7 +328,7 @@ const (
 // serve's. It serves until its standard input closes.
 func runPlainPayments(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("plain-payments", flag.ContinueOnError)
-	db := fs.String("db", "", "SQLite file or postgres:// URL")
+	db := fs.String("db", "", "SQLite file, postgres:// or mysql:// URL")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -334,7 +342,14 @@ func runPlainPayments(ctx context.Context, args []string) error {
 		insert func(ctx context.Context, p plainPayment) error
 		get    func(ctx context.Context, id string) (plainPayment, error)
 	)
-	if strings.HasPrefix(*db, "postgres://") || strings.HasPrefix(*db, "postgresql://") {
+	if strings.HasPrefix(*db, "mysql://") {
+		mdb, err := openPlainMySQL(ctx, *db)
+		if err != nil {
+			return err
+		}
+		defer mdb.Close()
+		insert, get = plainMySQL(mdb)
+	} else if strings.HasPrefix(*db, "postgres://") || strings.HasPrefix(*db, "postgresql://") {
 		// idem serve's pool: pgxpool's defaults (MaxConns = max(4,
 		// NumCPU)); every connection opened at start and kept.
 		cfg, err := pgxpool.ParseConfig(*db)

@@ -634,3 +634,48 @@ func TestInflightIndex(t *testing.T) {
 		t.Errorf("Stuck's query does not use the in-flight index:\n%s", plan.String())
 	}
 }
+
+// Version 4 replaces the expiry B-tree with a BRIN index, and the planner
+// serves DeleteExpired's batch from it on a table of many records.
+func TestExpiresBRIN(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	ctx := t.Context()
+	idx := func(name string) int {
+		return f.count(t, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", f.schema, name)
+	}
+	if idx(pgstore.DefaultTable+"_expires_at_brin") != 1 || idx(pgstore.DefaultTable+"_expires_at_idx") != 0 {
+		t.Fatalf("indexes after migration: BRIN %d, B-tree %d; want 1 and 0",
+			idx(pgstore.DefaultTable+"_expires_at_brin"), idx(pgstore.DefaultTable+"_expires_at_idx"))
+	}
+	// 50,000 live records in claim order, then analyse.
+	if _, err := f.pool.Exec(ctx, "INSERT INTO "+f.store.Table()+` (scope, key, fingerprint, expires_at, response)
+		SELECT 's', 'k' || i, 'f', statement_timestamp() + i * interval '1 second', '\x00' FROM generate_series(1, 50000) i`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pool.Exec(ctx, "ANALYZE "+f.store.Table()); err != nil {
+		t.Fatal(err)
+	}
+	plan := explain(t, f, "EXPLAIN SELECT scope, key FROM "+f.store.Table()+
+		" WHERE expires_at <= statement_timestamp() LIMIT 1000 FOR UPDATE SKIP LOCKED")
+	if !strings.Contains(plan, "_expires_at_brin") || strings.Contains(plan, "Seq Scan") {
+		t.Errorf("DeleteExpired's batch does not use the BRIN index:\n%s", plan)
+	}
+	n, err := f.store.DeleteExpired(ctx, idemstore.DeleteExpiredParams{Limit: 10})
+	if err != nil || n != 0 {
+		t.Errorf("DeleteExpired on live records = %d, %v; want 0, nil", n, err)
+	}
+}
+
+func explain(t *testing.T, f *fixture, q string) string {
+	t.Helper()
+	rows, err := f.pool.Query(t.Context(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}

@@ -28,6 +28,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cockroachdb/apd/v3 v3.2.3 // indirect
@@ -63,8 +64,10 @@ require (
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/idemhq/idem/idemkafka v0.2.0
+	github.com/idemhq/idem/mysqlstore v0.2.0
 	github.com/idemhq/idem/pgstore v0.2.0
 	github.com/idemhq/idem/redisstore v0.2.0
 	github.com/idemhq/idem/sqlitestore v0.2.0

@@ -161,7 +161,7 @@ func faultyPostgresIn(t *testing.T, viaSQL bool) (idemstore.Store, *toxiproxy.Pr
 func TestFaultInvariants(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) (idemstore.Store, *toxiproxy.Proxy){
-		"Redis": faultyRedis, "PostgreSQL": faultyPostgres, "PostgreSQL-database-sql": faultyPostgresSQL,
+		"Redis": faultyRedis, "PostgreSQL": faultyPostgres, "PostgreSQL-database-sql": faultyPostgresSQL, "MariaDB": faultyMySQL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -286,7 +286,7 @@ func checkFaultInvariants(t *testing.T, store idemstore.Store, p *toxiproxy.Prox
 func TestLinearizableUnderFaults(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) (idemstore.Store, *toxiproxy.Proxy){
-		"Redis": faultyRedis, "PostgreSQL": faultyPostgres, "PostgreSQL-database-sql": faultyPostgresSQL,
+		"Redis": faultyRedis, "PostgreSQL": faultyPostgres, "PostgreSQL-database-sql": faultyPostgresSQL, "MariaDB": faultyMySQL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

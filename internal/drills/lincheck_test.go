@@ -85,6 +85,12 @@ func TestLinearizable(t *testing.T) {
 		checkStore(t, func(t *testing.T) idemstore.Store { return newPGStore(t, pool, pgstore.Config{}) },
 			func(seed uint64) drills.HistoryConfig { return serverClockHistory(seed, 2*time.Millisecond) })
 	})
+	t.Run("MariaDB", func(t *testing.T) {
+		t.Parallel()
+		db := newMyDB(t, mysqlConfig(t))
+		checkStore(t, func(t *testing.T) idemstore.Store { return newMyStore(t, db, "") },
+			func(seed uint64) drills.HistoryConfig { return serverClockHistory(seed, 2*time.Millisecond) })
+	})
 	t.Run("Redis", func(t *testing.T) {
 		t.Parallel()
 		c := newRedis(t)

@@ -2,9 +2,9 @@ package e2e
 
 import (
 	"bytes"
+	"github.com/idemhq/idem"
 	"net/http"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -47,8 +47,10 @@ func TestBinaryFlagErrors(t *testing.T) {
 		{[]string{"serve", "--ttl", "2562047h47m16s"}, "longer than the maximum"},
 		{[]string{"proxy", "--upstream", "http://127.0.0.1:9", "--ttl", "2562047h47m16s"}, "longer than the maximum"},
 		{[]string{"serve", "--store", "localhost:6379"}, "is a server address, not a file"},
-		{[]string{"serve", "--db", "mysql://x"}, `is not a store idem knows (scheme "mysql")`},
-		{[]string{"proxy", "--upstream", "http://127.0.0.1:9", "--store", "mysql://x"}, "postgres://"},
+		{[]string{"serve", "--db", "mongodb://x"}, `is not a store idem knows (scheme "mongodb")`},
+		{[]string{"proxy", "--upstream", "http://127.0.0.1:9", "--store", "mongodb://x"}, "postgres://"},
+		{[]string{"proxy", "--upstream", "http://127.0.0.1:9", "--store", "mysql://x"}, "mysql://USER[:PASS]@HOST[:PORT]/DB"},
+		{[]string{"serve", "--db", "mysql://root@h"}, "mysql://USER[:PASS]@HOST[:PORT]/DB"},
 	} {
 		code, out, errs := runBinary(t, c.args...)
 		if code != 2 || !strings.Contains(errs, c.want) || strings.Contains(errs, "Usage:") || out != "" {
@@ -63,12 +65,22 @@ func TestBinaryFlagErrors(t *testing.T) {
 	}
 }
 
-// The demo refuses, before claiming the key, a body not declared JSON
-// (415) and a reference with a control character (400), and the same key
-// then works.
+// The single-instance contract on every database `idem serve` runs on:
+// the demo refuses, before claiming the key, a body not declared JSON
+// (415), a reference with a control character (400) and a request without
+// a key (400); the same key then works, its replay carries the same
+// Idempotency-Key-Expires-At, and the key with another payload is 422.
 func TestDemoRefusesBadRequests(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, "sqlite-refuse", "--db", filepath.Join(t.TempDir(), "idem.db"))
+	for _, b := range serveBackends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			testDemoContract(t, startServer(t, "refuse-"+b.name, "--db", b.db(t)))
+		})
+	}
+}
+
+func testDemoContract(t *testing.T, s *server) {
 	key := "refused-" + randomName(8)
 	body := paymentBody(100, "order-"+key)
 	req, err := http.NewRequest(http.MethodPost, s.url+"/api/payments", strings.NewReader(body))
@@ -88,7 +100,29 @@ func TestDemoRefusesBadRequests(t *testing.T) {
 	if r := mustPay(t, s, key, `{"amountCents":100,"currency":"USD","reference":"a\u0000b"}`); r.status != http.StatusBadRequest || r.problemCode() != "payment.invalid" {
 		t.Errorf("NUL in reference: %v, want 400 payment.invalid", r)
 	}
-	if r := mustPay(t, s, key, body); r.status != http.StatusCreated {
-		t.Errorf("the same key after the refusals: %v", r)
+	req, err = http.NewRequest(http.MethodPost, s.url+"/api/payments", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err = httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("no Idempotency-Key: %d, want 400", resp.StatusCode)
+	}
+	first := mustPay(t, s, key, body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("the same key after the refusals: %v", first)
+	}
+	replay := mustPay(t, s, key, body)
+	checkReplay(t, first, replay)
+	if exp := first.header.Get(idem.HeaderExpiresAt); exp == "" || replay.header.Get(idem.HeaderExpiresAt) != exp {
+		t.Errorf("%s: %q first, %q on the replay", idem.HeaderExpiresAt, exp, replay.header.Get(idem.HeaderExpiresAt))
+	}
+	if r := mustPay(t, s, key, paymentBody(101, "order-"+key)); r.status != http.StatusUnprocessableEntity || r.problemCode() != idem.CodeKeyReused {
+		t.Errorf("same key, other payload: %v", r)
 	}
 }

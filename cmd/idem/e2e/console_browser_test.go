@@ -88,11 +88,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	if r, err := postPayment(httpClient, srv.url, keys[1], `{"amountCents":1,"currency":"USD","reference":"other"}`); err != nil || r.status != http.StatusUnprocessableEntity {
 		t.Fatalf("a reused key: %d %s %v", r.status, r.body, err)
 	}
+	// A client's key holding markup: the console must show it as text.
+	const markupKey = `<script>alert(1)</script>`
+	if r, err := postPayment(httpClient, srv.url, markupKey, `{"amountCents":77,"currency":"USD","reference":"markup"}`); err != nil || r.status != http.StatusCreated {
+		t.Fatalf("the payment with a markup key: %d %s %v", r.status, r.body, err)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "console.mjs")
-	cmd.Dir, cmd.Env = dir, append(os.Environ(), "CONSOLE_URL=http://"+consoleAddr, "CONSOLE_TOKEN="+token, "SUSPENDED_KEY="+keys[0],
+	cmd.Dir, cmd.Env = dir, append(os.Environ(), "CONSOLE_URL=http://"+consoleAddr, "CONSOLE_TOKEN="+token, "SUSPENDED_KEY="+keys[0], "MARKUP_KEY="+markupKey,
 		"SCREENSHOT_DIR="+os.Getenv("IDEM_CONSOLE_SCREENSHOTS"))
 	cmd.WaitDelay = 5 * time.Second
 	began := time.Now()
@@ -110,11 +115,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	if srv.log.contains(`"key":"` + keys[0] + `"`) {
 		t.Errorf("serve's log holds the key %s in clear", keys[0])
 	}
+	if srv.log.contains(`\u003cscript`) || srv.log.contains("<script") {
+		t.Errorf("serve's log holds the markup key in clear")
+	}
 	// The other payments are still suspended, and the reconciled one was
 	// charged once.
 	var count struct{ Count, Captured int }
 	getJSON(t, srv.url+"/api/payments/count", &count)
-	if count.Count != 4 || count.Captured != 2 {
-		t.Errorf("payments after the console's reconcile: %+v, want 4 with 2 captured", count)
+	if count.Count != 5 || count.Captured != 3 {
+		t.Errorf("payments after the console's reconcile: %+v, want 5 with 3 captured", count)
 	}
 }

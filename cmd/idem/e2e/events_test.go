@@ -560,27 +560,37 @@ func TestEventsNATSTwoDispatchers(t *testing.T) {
 // run, every payment's event is booked once and the outbox is drained.
 func TestEventsPostgresOutbox(t *testing.T) {
 	t.Parallel()
+	testEventsSQLOutbox(t, newPGDatabase(t), "pg")
+}
+
+// The same on MariaDB (mysqloutbox, table idem_outbox in the --db
+// database).
+func TestEventsMySQLOutbox(t *testing.T) {
+	t.Parallel()
+	testEventsSQLOutbox(t, newMyDatabase(t), "mysql")
+}
+
+func testEventsSQLOutbox(t *testing.T, db sqlDatabase, name string) {
 	nf := newNATS(t)
-	db := newPGDatabase(t)
-	args := []string{"--db", db.url, "--events", nf.URL(), "--events-subject", nf.Subject(), "--lease", "2s",
+	args := []string{"--db", db.dbURL(), "--events", nf.URL(), "--events-subject", nf.Subject(), "--lease", "2s",
 		"--events-lease", "3s", "--access-log=false", "--fail-reference", "fail-me"}
 	var mu sync.Mutex
-	srv := startServer(t, "serve-pg-0", args...)
+	srv := startServer(t, "serve-"+name+"-0", args...)
 	current := func() *server { mu.Lock(); defer mu.Unlock(); return srv }
 	cons := startCommand(t, "consume", "consume", "--db", t.TempDir()+"/consume.db", "--events", nf.URL(), "--events-subject", nf.Subject(), "--lease", "1s", "--ack-wait", "2s")
 
 	const total = 60
-	prefix := "pg-" + randomName(4)
+	prefix := name + "-" + randomName(4)
 	deadline := time.Now().Add(2 * time.Minute)
 	for i := range total {
 		if i == total/2 {
 			current().kill(t)
-			next := startServer(t, "serve-pg-1", args...)
+			next := startServer(t, "serve-"+name+"-1", args...)
 			mu.Lock()
 			srv = next
 			mu.Unlock()
 		}
-		if _, err := payUntilCreated(t, current, fmt.Sprintf("%s-%d", prefix, i), paymentBody(100+i, "pg"), deadline); err != nil {
+		if _, err := payUntilCreated(t, current, fmt.Sprintf("%s-%d", prefix, i), paymentBody(100+i, name), deadline); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -592,13 +602,11 @@ func TestEventsPostgresOutbox(t *testing.T) {
 		if err != nil || n < total {
 			return false, err
 		}
-		var unsent int64
-		err = db.pool.QueryRow(testContext(t), `SELECT COUNT(*) FROM idem.outbox WHERE sent_at IS NULL`).Scan(&unsent)
-		return unsent == 0, err
+		_, unsent := db.outboxRows(t)
+		return unsent == 0, nil
 	})
-	var rows int64
-	if err := db.pool.QueryRow(testContext(t), `SELECT COUNT(*) FROM idem.outbox`).Scan(&rows); err != nil || rows != total {
-		t.Errorf("%d outbox rows (%v), want %d (none for the failed payment)", rows, err, total)
+	if rows, _ := db.outboxRows(t); rows != total {
+		t.Errorf("%d outbox rows, want %d (none for the failed payment)", rows, total)
 	}
 	if n, err := ledgerCount(cons); err != nil || n != total {
 		t.Errorf("ledger count %d (%v), want %d", n, err, total)

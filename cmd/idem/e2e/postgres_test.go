@@ -25,7 +25,7 @@ func (db *pgDatabase) recordCount(t *testing.T) int64 {
 
 // checkOnePayment checks that the database holds exactly the payment of
 // executed, and that every server reports one payment.
-func checkOnePayment(t *testing.T, db *pgDatabase, executed reply, servers ...*server) {
+func checkOnePayment(t *testing.T, db sqlDatabase, executed reply, servers ...*server) {
 	t.Helper()
 	if ids, want := db.paymentIDs(t), executed.paymentID(t); !slices.Equal(ids, []string{want}) {
 		t.Errorf("payments table holds %v, want exactly [%s]", ids, want)
@@ -42,10 +42,18 @@ func checkOnePayment(t *testing.T, db *pgDatabase, executed reply, servers ...*s
 // runs, then replays from any instance.
 func TestPostgresDuplicatesAcrossInstances(t *testing.T) {
 	t.Parallel()
-	db := newPGDatabase(t)
+	testDuplicatesAcrossInstances(t, newPGDatabase(t), "pg")
+}
+
+func TestMySQLDuplicatesAcrossInstances(t *testing.T) {
+	t.Parallel()
+	testDuplicatesAcrossInstances(t, newMyDatabase(t), "mysql")
+}
+
+func testDuplicatesAcrossInstances(t *testing.T, db sqlDatabase, prefix string) {
 	var servers []*server
 	for i := range 3 {
-		servers = append(servers, startServer(t, fmt.Sprintf("pg-%d", i+1), "--db", db.url, "--op-delay", "2s"))
+		servers = append(servers, startServer(t, fmt.Sprintf("%s-%d", prefix, i+1), "--db", db.dbURL(), "--op-delay", "2s"))
 	}
 	key := "dup-" + randomName(8)
 	body := paymentBody(4200, "order-"+key)
@@ -53,7 +61,7 @@ func TestPostgresDuplicatesAcrossInstances(t *testing.T) {
 	executed := checkBurst(t, servers, burst(t, servers, 48, key, body))
 	checkOnePayment(t, db, executed, servers...)
 	if n := db.recordCount(t); n != 1 {
-		t.Errorf("%d idempotency records in PostgreSQL, want 1", n)
+		t.Errorf("%d idempotency records in the database, want 1", n)
 	}
 	for _, s := range servers {
 		checkReplay(t, executed, mustPay(t, s, key, body))
@@ -73,11 +81,19 @@ func TestPostgresDuplicatesAcrossInstances(t *testing.T) {
 // the restarted one) replays the same bytes.
 func TestPostgresKillMidOperation(t *testing.T) {
 	t.Parallel()
-	db := newPGDatabase(t)
+	testKillMidOperation(t, newPGDatabase(t), "pg")
+}
+
+func TestMySQLKillMidOperation(t *testing.T) {
+	t.Parallel()
+	testKillMidOperation(t, newMyDatabase(t), "mysql")
+}
+
+func testKillMidOperation(t *testing.T, db sqlDatabase, prefix string) {
 	// The doomed instance's operation takes far longer than the test
 	// needs to kill it; the survivor's runs at once.
-	a := startServer(t, "pg-doomed", "--db", db.url, "--lease", "1s", "--op-delay", "60s")
-	b := startServer(t, "pg-survivor", "--db", db.url, "--lease", "1s")
+	a := startServer(t, prefix+"-doomed", "--db", db.dbURL(), "--lease", "1s", "--op-delay", "60s")
+	b := startServer(t, prefix+"-survivor", "--db", db.dbURL(), "--lease", "1s")
 	key := "crash-" + randomName(8)
 	body := paymentBody(777, "order-"+key)
 
@@ -131,7 +147,7 @@ func TestPostgresKillMidOperation(t *testing.T) {
 	}
 
 	// A restarted instance and the survivor replay the same bytes.
-	a2 := startServer(t, "pg-restarted", "--db", db.url, "--lease", "1s")
+	a2 := startServer(t, prefix+"-restarted", "--db", db.dbURL(), "--lease", "1s")
 	fromRestarted := rawPay(t, a2, key, body)
 	fromSurvivor := rawPay(t, b, key, body)
 	if !bytes.Equal(fromRestarted, fromSurvivor) {
@@ -150,9 +166,17 @@ func TestPostgresKillMidOperation(t *testing.T) {
 // fingerprint check holds across instances.
 func TestPostgresReplayIdenticalAcrossInstances(t *testing.T) {
 	t.Parallel()
-	db := newPGDatabase(t)
-	a := startServer(t, "pg-a", "--db", db.url)
-	b := startServer(t, "pg-b", "--db", db.url)
+	testReplayIdenticalAcrossInstances(t, newPGDatabase(t), "pg")
+}
+
+func TestMySQLReplayIdenticalAcrossInstances(t *testing.T) {
+	t.Parallel()
+	testReplayIdenticalAcrossInstances(t, newMyDatabase(t), "mysql")
+}
+
+func testReplayIdenticalAcrossInstances(t *testing.T, db sqlDatabase, prefix string) {
+	a := startServer(t, prefix+"-a", "--db", db.dbURL())
+	b := startServer(t, prefix+"-b", "--db", db.dbURL())
 	key := "replay-" + randomName(8)
 	body := paymentBody(2599, "order-"+key)
 	tenant := []string{"Authorization", "Bearer tenant-" + randomName(4)}

@@ -34,6 +34,7 @@ var serveBackends = []struct {
 }{
 	{"SQLite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "serve.db") }},
 	{"PostgreSQL", func(t *testing.T) string { return newPGDatabase(t).url }},
+	{"MariaDB", func(t *testing.T) string { return newMyDatabase(t).url }},
 }
 
 // startProvider runs `idem provider` on a fresh SQLite file.

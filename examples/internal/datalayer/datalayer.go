@@ -87,7 +87,7 @@ func (b *Backend) Open(ctx context.Context, dsn string) (*DB, error) {
 }
 
 // Backends are the backends the examples run on.
-var Backends = []*Backend{SQLite, Postgres}
+var Backends = []*Backend{SQLite, Postgres, MySQL}
 
 // ByName returns the backend called name, or nil.
 func ByName(name string) *Backend {

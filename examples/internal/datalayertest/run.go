@@ -31,6 +31,7 @@ type backend struct {
 var backends = []backend{
 	{datalayer.SQLite, func(t *testing.T) string { return filepath.Join(t.TempDir(), "app.db") }},
 	{datalayer.Postgres, freshPostgres},
+	{datalayer.MySQL, freshMySQL},
 }
 
 // Run runs lib's both-or-neither test on every backend, with a separate

@@ -3,19 +3,23 @@ package datalayertest
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"net/url"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 )
 
 // The servers' defaults, as the other tests of the repository use them;
-// IDEM_TEST_POSTGRES_URL names another.
+// IDEM_TEST_POSTGRES_URL and IDEM_TEST_MYSQL_URL (a go-sql-driver DSN)
+// name others.
 const (
 	defaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	defaultMySQLURL    = "root@tcp(127.0.0.1:3306)/test"
 )
 
 func env(name, def string) string {
@@ -79,4 +83,39 @@ func freshPostgres(t *testing.T) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// freshMySQL creates a database, dropped at cleanup, and returns its DSN.
+func freshMySQL(t *testing.T) string {
+	cfg, err := mysql.ParseDSN(env("IDEM_TEST_MYSQL_URL", defaultMySQLURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Timeout = 5 * time.Second
+	c, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(c)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		unreachable(t, "MariaDB", err)
+	}
+	name := freshName()
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := db.ExecContext(ctx, "DROP DATABASE "+name); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	cfg.DBName = name
+	return cfg.FormatDSN()
 }

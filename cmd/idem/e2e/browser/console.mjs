@@ -6,6 +6,8 @@
 //   CONSOLE_URL      the console's base URL
 //   CONSOLE_TOKEN    the token of --console-token-file
 //   SUSPENDED_KEY    the Idempotency-Key of a suspended payment
+//   MARKUP_KEY       the Idempotency-Key, holding markup, of a completed
+//                    payment
 //   SCREENSHOT_DIR   where to write the overview's and the record's
 //                    screenshots (optional)
 //
@@ -15,6 +17,7 @@ import { chromium } from "playwright-core";
 const base = process.env.CONSOLE_URL;
 const token = process.env.CONSOLE_TOKEN;
 const key = process.env.SUSPENDED_KEY;
+const markupKey = process.env.MARKUP_KEY;
 const shots = process.env.SCREENSHOT_DIR || "";
 
 function check(cond, what) {
@@ -38,6 +41,8 @@ try {
     if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) violations.push(m.text());
   });
   page.on("pageerror", (e) => violations.push(String(e)));
+  let dialogs = 0; // an alert() would mean markup from a key ran
+  page.on("dialog", async (d) => { dialogs++; await d.dismiss(); });
   page.setDefaultTimeout(15000);
 
   // The token is required, and a wrong one is refused.
@@ -93,6 +98,35 @@ try {
   check((await page.textContent("#done")).includes("deleted"), "the confirmed delete deletes the record");
   resp = await page.goto(recordURL);
   check(resp.status() === 404, "the deleted record's page answers 404");
+
+  // The state filter offers the held records (reconciliation gave up).
+  await page.goto(base + "/records");
+  const states = await page.$$eval("#filter-state option", (os) => os.map((o) => o.value));
+  check(states.includes("held"), "the state filter offers held");
+  await page.selectOption("#filter-state", "held");
+  await Promise.all([page.waitForURL(/state=held/), page.click("#filter-go")]);
+  check((await page.textContent(".pager")).includes("End of the list"), "no payment is held here");
+
+  // A key holding markup shows as text, and runs nothing.
+  await page.fill("#search-key", markupKey);
+  await Promise.all([page.waitForURL(/\/records\/[0-9a-f]{64}$/), page.click("#search-go")]);
+  const markupURL = page.url();
+  check((await page.textContent("#key")) === markupKey, "a key holding markup shows as text");
+  check((await page.$$("main script")).length === 0, "the key added no script element");
+
+  // Its delete confirmed in two tabs and sent from both at once: one
+  // deletes, the other says that nothing was done.
+  const tab2 = await context.newPage();
+  tab2.on("dialog", async (d) => { dialogs++; await d.dismiss(); });
+  await Promise.all([page.waitForURL(markupURL + "/delete"), page.click("#action-delete")]);
+  await tab2.goto(markupURL + "/delete");
+  await Promise.all([page.click("#confirm"), tab2.click("#confirm")]);
+  await Promise.all([page.waitForSelector("#done, #error"), tab2.waitForSelector("#done, #error")]);
+  const outcomes = [await page.textContent("main"), await tab2.textContent("main")];
+  const deleted = outcomes.filter((t) => t.includes("The record was deleted")).length;
+  const refused = outcomes.filter((t) => t.includes("409") && t.includes("nothing was done")).length;
+  check(deleted === 1 && refused === 1, `two tabs: one delete done, one 409 (${outcomes.map((t) => t.trim().slice(0, 80)).join(" | ")})`);
+  check(dialogs === 0, "no dialog opened");
 
   check(violations.length === 0, "no script error nor Content-Security-Policy violation: " + violations.join("; "));
 } catch (e) {

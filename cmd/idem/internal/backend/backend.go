@@ -4,6 +4,7 @@ package backend
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -32,11 +33,13 @@ const (
 	Postgres Kind = "postgres"
 	Redis    Kind = "redis"
 	Memory   Kind = "memory"
+	MySQL    Kind = "mysql"
 )
 
 // Supported describes the forms a --db or --store value may take, for
 // error messages.
 const Supported = "a SQLite file path, postgres://… or postgresql://… (?idem_schema=NAME), " +
+	"mysql://USER[:PASS]@HOST[:PORT]/DB (?idem_table=NAME), " +
 	"redis://… or rediss://… (?prefix=TEXT), redis+cluster://host:port,host:port… (a Redis Cluster), or memory"
 
 // KindOf classifies a --db or --store value: a postgres:// or
@@ -46,7 +49,7 @@ const Supported = "a SQLite file path, postgres://… or postgresql://… (?idem
 // redis+cluster:// or rediss+cluster:// URL (a Redis Cluster, see
 // openRedisCluster), "memory", or a SQLite file path. Schemes are case-insensitive. A value that starts with
 // another URL scheme (letters, digits, "+", "-" or "." before a colon, at
-// least two characters: "mysql://x") or is a server address without one
+// least two characters: "mongodb://x") or is a server address without one
 // ("localhost:6379") is an error naming the supported forms, not a file
 // name: a SQLite file whose name has such a colon is given as ./NAME.
 func KindOf(spec string) (Kind, error) {
@@ -66,6 +69,11 @@ func KindOf(spec string) (Kind, error) {
 	switch strings.ToLower(scheme) {
 	case "postgres", "postgresql":
 		return Postgres, nil
+	case "mysql", "mariadb":
+		if _, _, err := ParseMySQLURL(spec); err != nil {
+			return "", err
+		}
+		return MySQL, nil
 	case "redis", "rediss":
 		return Redis, nil
 	case "redis+cluster", "rediss+cluster":
@@ -118,6 +126,8 @@ type Store struct {
 	// can keep its own tables in the same database.
 	SQLite *sqlitestore.Store
 	PG     *pgxpool.Pool
+	// MySQL is the pool of a MariaDB store (the Records' own).
+	MySQL *sql.DB
 	// Ping checks the backend is reachable.
 	Ping func(ctx context.Context) error
 	// Ready checks that the backend answers a request, for /readyz: a
@@ -159,7 +169,7 @@ type Options struct {
 	// transaction, which commits synchronously after the claim.
 	AsyncClaim bool
 
-	// ReadFirst answers PostgreSQL duplicates (replays, in-flight keys,
+	// ReadFirst answers PostgreSQL and MariaDB duplicates (replays, in-flight keys,
 	// other payloads) with a primary-key SELECT before the claim
 	// statement (pgstore.Config.ReadFirst): a replay costs one read, a
 	// new key one round trip more.
@@ -285,6 +295,8 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 			close: client.Close}, nil
 	case RedisCluster:
 		return openRedisCluster(ctx, spec)
+	case MySQL:
+		return openMySQL(ctx, spec, o)
 	case Memory:
 		s, err := memstore.New(nil)
 		if err != nil {

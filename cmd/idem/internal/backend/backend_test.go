@@ -16,6 +16,7 @@ func TestKindOf(t *testing.T) {
 		"idem.db": SQLite, "/var/lib/idem/x.db": SQLite, "memory": Memory, "MEMORY": Memory,
 		"./localhost:6379": SQLite, `C:\idem\x.db`: SQLite, "data/a:b.db": SQLite,
 		"postgres://u@h/db": Postgres, "postgresql://h/db": Postgres, "POSTGRES://h/db": Postgres,
+		"mysql://root@127.0.0.1:3306/test": MySQL, "MariaDB://u:p@h/db": MySQL,
 		"redis://127.0.0.1:6379/0": Redis, "rediss://h:6380": Redis, "REDIS://h:6379": Redis, "Rediss://h": Redis,
 	} {
 		if got, err := KindOf(spec); got != want || err != nil {
@@ -27,7 +28,7 @@ func TestKindOf(t *testing.T) {
 // A value that looks like a URL but names no store is an error naming the
 // supported forms, never a SQLite file name.
 func TestKindOfUnknownScheme(t *testing.T) {
-	for _, spec := range []string{"localhost:6379", "mysql://x", "http://h/db", "sqlite3:x.db", "127.0.0.1:6379", ""} {
+	for _, spec := range []string{"localhost:6379", "mongodb://x", "http://h/db", "sqlite3:x.db", "127.0.0.1:6379", ""} {
 		k, err := KindOf(spec)
 		if err == nil {
 			t.Errorf("KindOf(%q) = %s, want an error", spec, k)

@@ -15,7 +15,7 @@ background work on their own. Redis needs no cleanup: keys expire there.`
 
 func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("cleanup", cleanupAbout, stdout, stderr)
-	store := f.String("store", "idem.db", "the records store: a SQLite file path, a postgres:// URL or a redis:// URL")
+	store := f.String("store", "idem.db", "the records store: a SQLite file path, a postgres://, mysql:// or redis:// URL")
 	batch := f.Int("batch", 1000, "records deleted per statement")
 	maxBatches := f.Int("max-batches", 0, "stop after this many batches (0: until none are left)")
 	pace := f.Bool("pace", false, "pause after each batch as long as it took, leaving the store to\ntraffic half of the time")

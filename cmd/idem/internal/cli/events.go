@@ -98,6 +98,12 @@ func (ef eventsFlags) start(ctx context.Context, db *backend.Store, spec string,
 			return eventsRun{}, err
 		}
 		ob = s
+	case db.MySQL != nil:
+		s, err := newMySQLOutbox(ctx, db)
+		if err != nil {
+			return eventsRun{}, err
+		}
+		ob = s
 	default:
 		s, err := newPGOutbox(ctx, db, spec)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"net/url"
 
 	"github.com/idemhq/idem/cmd/idem/internal/backend"
+	"github.com/idemhq/idem/mysqlstore/mysqloutbox"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/pgstore/pgoutbox"
 )
@@ -24,6 +25,19 @@ func newPGOutbox(ctx context.Context, db *backend.Store, spec string) (addStore,
 		cfg.Schema = u.Query().Get("idem_schema")
 	}
 	s, err := pgoutbox.New(db.PG, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newMySQLOutbox opens the outbox in the --db MariaDB database, as table
+// idem_outbox.
+func newMySQLOutbox(ctx context.Context, db *backend.Store) (addStore, error) {
+	s, err := mysqloutbox.New(db.MySQL, nil)
 	if err != nil {
 		return nil, err
 	}

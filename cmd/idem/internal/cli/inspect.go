@@ -322,7 +322,7 @@ func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func storeFlag(f *flags) *string {
-	return f.String("store", "idem.db", "the records store: a SQLite file path, a postgres:// URL or a redis:// URL")
+	return f.String("store", "idem.db", "the records store: a SQLite file path, a postgres://, mysql:// or redis:// URL")
 }
 
 // name is the record an idem inspect or idem delete command names: by

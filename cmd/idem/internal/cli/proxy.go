@@ -51,7 +51,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	f := newFlags("proxy", proxyAbout, stdout, stderr)
 	sf := f.serverFlags()
 	upstreamURL := f.String("upstream", "", "base URL of the service to protect, such as http://127.0.0.1:9000\n(required)")
-	storeSpec := f.String("store", "idem-proxy.db", "where records live: a SQLite file path, a postgres:// URL\n(?idem_schema=NAME picks the schema), a redis:// URL (?prefix=TEXT\nstarts every key), a redis+cluster://host:port,host:port URL (a Redis\nCluster), or memory (this process only)")
+	storeSpec := f.String("store", "idem-proxy.db", "where records live: a SQLite file path, a postgres:// URL\n(?idem_schema=NAME picks the schema), a mysql://USER[:PASS]@HOST[:PORT]/DB\nURL (MariaDB; ?idem_table=NAME), a redis:// URL (?prefix=TEXT\nstarts every key), a redis+cluster://host:port,host:port URL (a Redis\nCluster), or memory (this process only)")
 	configPath := f.String("config", "", "YAML file with per-route settings (see docs/proxy.md); routes not\nin it use the flags")
 	checkPath := f.String("check-config", "", "check the YAML file and exit: 0 when valid, 1 with one\nFILE:LINE:COLUMN: message line per problem")
 	adminAddr := f.String("admin-addr", "", "serve /healthz and /metrics on this address instead of the\nproxy's; then every path on --addr is forwarded")

@@ -40,8 +40,8 @@ GET /metrics (Prometheus).`
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newFlags("serve", serveAbout, stdout, stderr)
 	sf := f.serverFlags()
-	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, or a postgres:// URL")
-	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\na redis+cluster://host:port,host:port URL (a Redis Cluster), another\nSQLite path or postgres:// URL; default: the --db database, in the\nsame transaction as the payment")
+	db := f.String("db", "idem.db", "where payments (and by default idempotency records) live:\na SQLite file path, a postgres:// URL, or a mysql://USER[:PASS]@HOST[:PORT]/DB URL (MariaDB)")
+	storeSpec := f.String("store", "", "where idempotency records live when not in --db: a redis:// URL,\na redis+cluster://host:port,host:port URL (a Redis Cluster), another\nSQLite path, postgres:// or mysql:// URL; default: the --db database, in the\nsame transaction as the payment")
 	lease := f.Duration("lease", idem.DefaultLease, "how long a claim owns a key without renewal (renewed while the\noperation runs; a crashed worker's key is taken over after it)")
 	ttl := f.Duration("ttl", idem.DefaultTTL, "how long a key's record and response are kept; retries within it replay")
 	encFlags := f.encryptionFlags()
@@ -95,8 +95,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if k, err := backend.KindOf(*db); err != nil {
 		return f.usageError("--db: %v", err)
-	} else if k != backend.SQLite && k != backend.Postgres {
-		return f.usageError("--db must be a SQLite file path or a postgres:// URL (records can go to Redis with --store)")
+	} else if k != backend.SQLite && k != backend.Postgres && k != backend.MySQL {
+		return f.usageError("--db must be a SQLite file path, a postgres:// URL or a mysql:// URL (records can go to Redis with --store)")
 	}
 	if *storeSpec != "" {
 		if _, err := backend.KindOf(*storeSpec); err != nil {
@@ -135,9 +135,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	var repo payments.Repo
 	var evs eventsRun
-	if dbStore.SQLite != nil {
+	switch {
+	case dbStore.SQLite != nil:
 		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
-	} else {
+	case dbStore.MySQL != nil:
+		repo = payments.MySQLRepo{DB: dbStore.MySQL}
+	default:
 		repo = payments.PostgresRepo{Pool: dbStore.PG}
 	}
 	if err := repo.Migrate(ctx); err != nil {

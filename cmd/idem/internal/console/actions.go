@@ -117,12 +117,23 @@ func (c *Console) actRecord(w http.ResponseWriter, r *http.Request, s session) {
 		c.fail(w, r, s, http.StatusNotFound, err)
 		return
 	}
+	if !c.beginAction(id) {
+		c.fail(w, r, s, http.StatusConflict, errors.New("another action on this record is running (another tab?): nothing was done; open the record again to see how it ended"))
+		return
+	}
+	defer c.endAction(id)
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	row, status, err := c.load(ctx, id)
-	if err == nil {
+	switch {
+	case status == http.StatusNotFound:
+		// The operator confirmed this record (the token says so): it
+		// went since, most likely through the same action elsewhere.
+		status, err = http.StatusConflict, errors.New("the record is gone since it was confirmed (deleted or released, perhaps from another tab, or expired): nothing was done")
+	case err == nil:
 		if err = c.allowed(action, row, now); err != nil {
 			status = http.StatusConflict
+			err = fmt.Errorf("the record changed since it was confirmed (perhaps from another tab): nothing was done: %w", err)
 		}
 	}
 	if err == nil {
@@ -144,11 +155,12 @@ func (c *Console) actRecord(w http.ResponseWriter, r *http.Request, s session) {
 		case errors.Is(err, ErrChanged), errors.Is(err, idem.ErrInFlight):
 			status = http.StatusConflict
 		case errors.Is(err, idemstore.ErrNotFound):
-			status = http.StatusNotFound
+			status, err = http.StatusConflict, errors.New("the record went while the action ran (deleted or released elsewhere, or expired): nothing was done")
 		case err != nil:
 			status = http.StatusServiceUnavailable
 		}
 	}
+	err = redactKey(err, ref.Key)
 	c.audit(r, s, action, ref, row, err)
 	if err != nil {
 		c.fail(w, r, s, status, fmt.Errorf("%s: %w", action, err))
@@ -162,6 +174,27 @@ func (c *Console) actRecord(w http.ResponseWriter, r *http.Request, s session) {
 	case "reconcile":
 		http.Redirect(w, r, "/records/"+id+"?done=reconciled", http.StatusSeeOther)
 	}
+}
+
+// beginAction marks an action as running on record id, and reports false
+// when one already runs there; endAction ends it.
+func (c *Console) beginAction(id string) bool {
+	c.acting.Lock()
+	defer c.acting.Unlock()
+	if _, busy := c.acting.ids[id]; busy {
+		return false
+	}
+	if c.acting.ids == nil {
+		c.acting.ids = make(map[string]struct{})
+	}
+	c.acting.ids[id] = struct{}{}
+	return true
+}
+
+func (c *Console) endAction(id string) {
+	c.acting.Lock()
+	defer c.acting.Unlock()
+	delete(c.acting.ids, id)
 }
 
 // audit logs an action: who, what, when, on which record (the key

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,5 +139,114 @@ func TestActionOnChangedRecord(t *testing.T) {
 				t.Fatalf("the new record was deleted: %v", err)
 			}
 		})
+	}
+}
+
+// confirmForm opens an action's confirmation page, as a tab does, and
+// returns the form it would post.
+func (b *bundle) confirmForm(id, action string) url.Values {
+	b.t.Helper()
+	code, page, _ := b.get("/records/" + id + "/" + action)
+	if code != http.StatusOK {
+		b.t.Fatalf("the %s confirmation = %d:\n%s", action, code, page)
+	}
+	return url.Values{csrfField: {field(b.t, csrfRE, page)}, "confirm": {field(b.t, confirmRE, page)}, "fence": {field(b.t, fenceRE, page)}}
+}
+
+// A delete confirmed in two tabs and sent by both at once: one deletes,
+// the other answers 409 saying that nothing was done, on every store.
+func TestActionTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			s := be.open(t)
+			sd := seed(t, s, 1)
+			b := setup(t, s, nil)
+			id := b.find(sd.scope, sd.completed[0])
+			tabs := []url.Values{b.confirmForm(id, "delete"), b.confirmForm(id, "delete")}
+			type answer struct {
+				code int
+				body string
+			}
+			answers := make(chan answer, len(tabs))
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for _, form := range tabs {
+				wg.Go(func() {
+					<-start
+					code, body, _ := b.post("/records/"+id+"/delete", form)
+					answers <- answer{code, body}
+				})
+			}
+			close(start)
+			wg.Wait()
+			close(answers)
+			var ok, conflict int
+			for a := range answers {
+				switch a.code {
+				case http.StatusOK:
+					ok++
+				case http.StatusConflict:
+					conflict++
+					if !strings.Contains(a.body, "nothing was done") {
+						t.Errorf("the 409 does not say that nothing was done:\n%s", a.body)
+					}
+				default:
+					t.Errorf("a delete answered %d:\n%s", a.code, a.body)
+				}
+			}
+			if ok != 1 || conflict != 1 {
+				t.Errorf("%d deletes succeeded and %d answered 409, want 1 and 1", ok, conflict)
+			}
+			if code, _, _ := b.get("/records/" + id); code != http.StatusNotFound {
+				t.Errorf("the record's page after the deletes = %d, want 404", code)
+			}
+			if n := strings.Count(b.log.String(), "result=done"); n != 1 {
+				t.Errorf("%d actions logged as done, want 1:\n%s", n, b.log.String())
+			}
+		})
+	}
+}
+
+// A reconcile sent while the same record's reconcile still runs (a second
+// tab) is refused with 409 at once: the operation is resumed once.
+func TestReconcileTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	s := backends[0].open(t) // SQLite: a step store
+	sd := seed(t, s, 1)
+	var calls atomic.Int32
+	entered, finish := make(chan struct{}), make(chan struct{})
+	b := setup(t, s, func(cfg *Config) {
+		cfg.ReconcileFunc = func(ctx context.Context, scope, key string) error {
+			if calls.Add(1) == 1 {
+				close(entered)
+				<-finish
+			}
+			return nil
+		}
+	})
+	id := b.find(sd.scope, sd.susp)
+	first, second := b.confirmForm(id, "reconcile"), b.confirmForm(id, "reconcile")
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := b.post("/records/"+id+"/reconcile", first)
+		done <- code
+	}()
+	<-entered
+	code, body, _ := b.post("/records/"+id+"/reconcile", second)
+	close(finish)
+	if code != http.StatusConflict || !strings.Contains(body, "another action on this record is running") {
+		t.Errorf("the second reconcile = %d, want 409 naming the running action:\n%s", code, body)
+	}
+	if code := <-done; code != http.StatusSeeOther {
+		t.Errorf("the first reconcile = %d, want 303", code)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("the operation was resumed %d times, want 1", n)
+	}
+	// The record is free again: a later action is not refused as running.
+	if code, body := b.act(id, "reconcile"); code != http.StatusSeeOther || calls.Load() != 2 {
+		t.Errorf("a later reconcile = %d (resumed %d times in all), want 303 and 2:\n%s", code, calls.Load(), body)
 	}
 }

@@ -2,7 +2,6 @@ package console
 
 import (
 	"fmt"
-	"html"
 	"net/http"
 	"strings"
 	"time"
@@ -60,7 +59,7 @@ func drawRates(samples []metrics.RateSample) string {
 				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
 			}
 			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.6" points="%s"><title>%s</title></polyline>`,
-				seriesColours[k], strings.Join(pts, " "), html.EscapeString(metrics.RateNames[k]))
+				seriesColours[k], strings.Join(pts, " "), escapeHTML(metrics.RateNames[k]))
 		}
 		perMin := int(time.Minute / metrics.RateBucket)
 		for m := n - 1; m >= 0; m -= 5 * perMin {

@@ -42,6 +42,7 @@ import (
 	"github.com/idemhq/idem/cmd/idem/internal/metrics"
 	"github.com/idemhq/idem/idemcrypt"
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/mysqlstore/mysqloutbox"
 	"github.com/idemhq/idem/outbox"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/idemhq/idem/pgstore/pgoutbox"
@@ -117,6 +118,15 @@ type Console struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// acting holds the ids of the records an action runs on, so that
+	// a second action on one record (another tab, a double click) is
+	// refused at once instead of racing the first. Entries live only
+	// while their request runs.
+	acting struct {
+		sync.Mutex
+		ids map[string]struct{}
+	}
 
 	total struct {
 		sync.Mutex
@@ -218,6 +228,15 @@ func findOutbox(ctx context.Context, s *backend.Store, spec string) (outbox.Insp
 			cfg.Schema = u.Query().Get("idem_schema")
 		}
 		ob, err := pgoutbox.New(s.PG, cfg)
+		if err != nil {
+			return nil, err
+		}
+		if ok, err := ob.Exists(ctx); err != nil || !ok {
+			return nil, err
+		}
+		return ob, nil
+	case s.MySQL != nil:
+		ob, err := mysqloutbox.New(s.MySQL, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -3,6 +3,8 @@ package console
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"html/template"
@@ -13,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemhq/idem"
@@ -283,6 +284,8 @@ func stateText(r Row, now time.Time) string {
 		return "completed"
 	case !r.ExpiresAt.After(now):
 		return "expired in flight, awaiting cleanup"
+	case r.Held():
+		return "held for an operator: reconciliation gave up on it"
 	case r.suspended(now):
 		return "suspended after a step"
 	case r.leaseEnded(now):
@@ -300,7 +303,7 @@ func (c *Console) parseQuery(r *http.Request, now time.Time) (Query, recordsData
 	d := recordsData{State: State(q.Get("state")), Scope: q.Get("scope"), Older: q.Get("older"), Limit: defaultPageSize}
 	out := Query{State: d.State, Scope: d.Scope, Limit: defaultPageSize}
 	switch d.State {
-	case AnyState, StateInFlight, StateSuspended, StateCompleted, StateExpired:
+	case AnyState, StateInFlight, StateSuspended, StateHeld, StateCompleted, StateExpired:
 	default:
 		return out, d, bad("state must be in-flight, suspended, completed or expired, not %q", d.State)
 	}
@@ -333,26 +336,40 @@ func (c *Console) parseQuery(r *http.Request, now time.Time) (Query, recordsData
 	return out, d, nil
 }
 
+// cursorRefPrefix marks the store cursors the console remembers among
+// its record ids.
+const cursorRefPrefix = "cursor:"
+
 // formatCursor writes a cursor for a URL: the sort value and the last
-// row's id (its name stays in the console's memory), or an offset.
+// row's id (its name stays in the console's memory), or the digest of a
+// store's cursor (the cursor stays in the console's memory).
 func (c *Console) formatCursor(cur *Cursor) string {
 	if cur == nil {
 		return ""
 	}
-	if cur.Scope == "" && cur.Key == "" {
-		return "o" + strconv.Itoa(cur.Offset)
+	if cur.Token != "" {
+		// A store's cursor may name a record (memstore's holds its
+		// scope and key): the URL carries a digest, the console keeps
+		// the cursor.
+		sum := sha256.Sum256([]byte(cur.Token))
+		d := hex.EncodeToString(sum[:16])
+		c.refs.remember(cursorRefPrefix+d, Ref{StoreID: cur.Token})
+		return "t" + d
 	}
 	id := c.refs.remember(RecordID(cur.Scope, cur.Key), Ref{Scope: cur.Scope, Key: cur.Key})
 	return strconv.FormatInt(cur.Sort, 10) + "." + id
 }
 
 func (c *Console) parseCursor(v string) (*Cursor, error) {
-	if off, ok := strings.CutPrefix(v, "o"); ok {
-		n, err := strconv.Atoi(off)
-		if err != nil || n < 0 || n > MaxScan {
-			return nil, bad("after: bad offset %q", v)
+	if d, ok := strings.CutPrefix(v, "t"); ok {
+		if len(d) != 32 || strings.Trim(d, "0123456789abcdef") != "" {
+			return nil, bad("after: bad cursor %q", v)
 		}
-		return &Cursor{Offset: n}, nil
+		ref, ok := c.refs.lookup(cursorRefPrefix + d)
+		if !ok || ref.StoreID == "" {
+			return nil, bad("after: this page link expired (the console restarted or forgot it); start from the first page")
+		}
+		return &Cursor{Token: ref.StoreID}, nil
 	}
 	sort, id, ok := strings.Cut(v, ".")
 	n, err := strconv.ParseInt(sort, 10, 64)
@@ -381,7 +398,7 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, s session) {
 		return
 	}
 	d.Info, d.Index, d.Note, d.TTL, d.Now = c.info, p.Index, p.Note, c.cfg.TTL, now
-	d.States = []State{AnyState, StateInFlight, StateSuspended, StateCompleted, StateExpired}
+	d.States = []State{AnyState, StateInFlight, StateSuspended, StateHeld, StateCompleted, StateExpired}
 	for _, row := range p.Rows {
 		d.Rows = append(d.Rows, c.view(row, now))
 	}
@@ -429,6 +446,7 @@ func (c *Console) search(w http.ResponseWriter, r *http.Request, s session) {
 	defer cancel()
 	now := c.cfg.NowFunc()
 	rows, note, err := c.src.Find(ctx, scope, key, now)
+	err = redactKey(err, key)
 	if err != nil {
 		c.storeFailed(w, r, s, err)
 		return
@@ -469,6 +487,7 @@ type recordData struct {
 	FPVersion    string
 	Steps        []stepView
 	StepsNote    string
+	HeldReason   string
 	Response     *idem.Response
 	Headers      []headerView
 	Body         string
@@ -567,7 +586,11 @@ func (c *Console) detail(ctx context.Context, id string, row Row, now time.Time)
 		}
 	}
 	if row.State == idemstore.StateInFlight {
-		d.Steps, d.StepsNote = c.steps(ctx, row)
+		var cp idem.CheckpointInfo
+		d.Steps, d.StepsNote, cp = c.steps(ctx, row)
+		if row.Held() {
+			d.HeldReason = heldReason(cp, now)
+		}
 	}
 	return d
 }
@@ -590,7 +613,7 @@ func (c *Console) openResponse(ctx context.Context, row Row) (*idem.Response, st
 
 // steps returns a record's steps, from its recovery point opened as the
 // response is, with their derived keys where the console knows the secret.
-func (c *Console) steps(ctx context.Context, row Row) ([]stepView, string) {
+func (c *Console) steps(ctx context.Context, row Row) ([]stepView, string, idem.CheckpointInfo) {
 	cp := row.Checkpoint
 	note := ""
 	if len(cp) > 0 {
@@ -598,17 +621,18 @@ func (c *Console) steps(ctx context.Context, row Row) ([]stepView, string) {
 		if plain, err := none.OpenCheckpoint(ctx, row.Scope, row.Key, row.Fingerprint, cp); err == nil {
 			cp = plain
 		} else if c.cfg.Encryption == nil {
-			return nil, "The recovery point is encrypted: start the console with --encryption-keys to read its steps."
+			return nil, "The recovery point is encrypted: start the console with --encryption-keys to read its steps.", idem.CheckpointInfo{}
 		} else if plain, err := c.cfg.Encryption.OpenCheckpoint(ctx, row.Scope, row.Key, row.Fingerprint, cp); err != nil {
-			return nil, "The recovery point is encrypted and these keys do not open it: " + err.Error()
+			return nil, "The recovery point is encrypted and these keys do not open it: " + err.Error(), idem.CheckpointInfo{}
 		} else {
 			cp, note = plain, "Encrypted; opened with the console's keys."
 		}
 	}
-	steps, err := idem.ParseCheckpoint(cp)
+	info, err := idem.ParseCheckpointInfo(cp)
 	if err != nil {
-		return nil, "The recovery point is unreadable: " + err.Error()
+		return nil, "The recovery point is unreadable: " + err.Error(), idem.CheckpointInfo{}
 	}
+	steps := info.Steps
 	var out []stepView
 	seen := map[string]bool{}
 	add := func(name, status string, data []byte) {
@@ -640,19 +664,7 @@ func (c *Console) steps(ctx context.Context, row Row) ([]stepView, string) {
 	if len(out) == 0 && note == "" {
 		note = "No step has been recorded."
 	}
-	return out, note
-}
-
-// printable returns b as text when it is UTF-8 without control characters
-// (line breaks and tabs kept), and Go-quoted otherwise. The template
-// escapes it for HTML either way.
-func printable(b []byte) string {
-	if utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool {
-		return r != '\n' && r != '\t' && r != '\r' && unicode.IsControl(r) || r == utf8.RuneError
-	}) {
-		return string(b)
-	}
-	return strconv.Quote(string(b))
+	return out, note, info
 }
 
 func sortedKeys(h http.Header) []string {
@@ -750,4 +762,23 @@ func (c *Console) outboxPage(w http.ResponseWriter, r *http.Request, s session) 
 	}
 	d.Messages = msgs
 	c.render(w, r, http.StatusOK, "outbox", s, d)
+}
+
+// heldReason says why reconciliation gave up on a held record, from what
+// its recovery point counts.
+func heldReason(cp idem.CheckpointInfo, now time.Time) string {
+	why := "Reconciliation gave up on it"
+	if cp.Attempts > 0 {
+		why += fmt.Sprintf(" after %d attempts without an outcome", cp.Attempts)
+	}
+	if !cp.Since.IsZero() {
+		why += fmt.Sprintf(", its first recovery point saved %s (%s)", ago(cp.Since, now), cp.Since.UTC().Format(time.RFC3339))
+	}
+	for _, st := range cp.Steps {
+		if st.Unknown {
+			why += fmt.Sprintf("; step %q ended with an unknown outcome", st.Name)
+			break
+		}
+	}
+	return why + ". The reconciler no longer resumes it; a retry with its key, or Reconcile now, still does."
 }

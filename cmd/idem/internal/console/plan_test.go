@@ -23,6 +23,7 @@ func TestListingPlans(t *testing.T) {
 		{name: "completed", q: Query{State: StateCompleted, Limit: 50}, index: "pkey"},
 		{name: "in flight", q: Query{State: StateInFlight, Limit: 50}, index: "inflight"},
 		{name: "suspended", q: Query{State: StateSuspended, Limit: 50}, index: "inflight"},
+		{name: "held", q: Query{State: StateHeld, Limit: 50}, index: "inflight"},
 		{name: "expired", q: Query{State: StateExpired, Limit: 50}, index: "expires_at"},
 		{name: "age", q: Query{Before: now.Add(time.Hour), Limit: 50}, index: "expires_at"},
 		{name: "next page", q: Query{Limit: 50, After: &Cursor{Scope: "s", Key: "k"}}, index: "pkey"},
@@ -88,11 +89,21 @@ func TestListingPlans(t *testing.T) {
 			}
 			rows.Close()
 			p := strings.Join(plan, "\n")
-			want := map[string]string{"pkey": "_pkey", "inflight": "_inflight_idx", "expires_at": "_expires_at_idx"}[c.index]
+			want := map[string]string{"pkey": "_pkey", "inflight": "_inflight_idx", "expires_at": "_expires_at_brin"}[c.index]
 			sorts := false
 			for _, l := range plan {
 				sorts = sorts || strings.HasPrefix(strings.TrimLeft(l, "-> "), "Sort  (")
 			}
+			// The expiry index is a BRIN index (pgstore version 4): it
+			// reads the block ranges that may hold the rows asked for,
+			// which the listing then sorts; it never reads the table.
+			sorts = sorts && c.index != "expires_at"
+			// The in-flight index is partial (token IS NOT NULL): with few
+			// records in flight the planner may read it as a bitmap and
+			// sort what it found, which costs the in-flight set, never the
+			// table. That choice depends on when autovacuum analysed the
+			// table, so it is allowed.
+			sorts = sorts && !(c.index == "inflight" && strings.Contains(p, "Bitmap Index Scan on idempotency_records_inflight_idx"))
 			if !strings.Contains(p, want) || sorts || strings.Contains(p, "Seq Scan") {
 				t.Errorf("%s: plan\n%s\nwant the %s index without a full sort or a sequential scan", c.name, p, want)
 			}

@@ -1,12 +1,19 @@
 package console
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/idemstore"
 )
 
 const testToken = "correct-horse-battery-staple-42"
@@ -214,5 +221,73 @@ func TestLoadTokenAndCheckAddr(t *testing.T) {
 	}
 	if err := CheckAddr("0.0.0.0:8089", false); err == nil || !strings.Contains(err.Error(), "--console-token-file") {
 		t.Errorf("the refusal does not name --console-token-file: %v", err)
+	}
+}
+
+// A key and a scope holding markup render inert on every page that shows
+// them, and the key never reaches the log in clear, not even inside an
+// error that quotes it.
+func TestMarkupInKeyRendersInert(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, filepath.Join(t.TempDir(), "r.db"))
+	const key = `<script>alert("key")</script>`
+	const scope = `t1 <img src=x onerror=alert(2)>`
+	exec, err := idem.NewExecutor(s.Records, &idem.Config{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := exec.Do(ctx, idem.DoParams{Scope: scope, Key: key, Fingerprint: "v1:fp"}, func(context.Context) (*idem.Response, error) {
+		return &idem.Response{StatusCode: 201}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, s, nil)
+	id := b.find(scope, key)
+	_, list, _ := b.get("/records")
+	_, record, _ := b.get("/records/" + id)
+	_, confirm, _ := b.get("/records/" + id + "/delete")
+	_, missing, _ := b.post("/search", url.Values{csrfField: {b.csrf()}, "key": {key + "-other"}, "scope": {scope}})
+	pages := map[string]string{"the list": list, "the record": record, "the confirmation": confirm, "a search that finds nothing": missing}
+	for name, body := range pages {
+		for _, raw := range []string{"<script>alert", "<img src=x"} {
+			if strings.Contains(body, raw) {
+				t.Errorf("%s holds %q unescaped:\n%s", name, raw, body)
+			}
+		}
+	}
+	for name, body := range map[string]string{"the list": list, "the record": record} {
+		if !strings.Contains(body, "&lt;script&gt;alert(&#34;key&#34;)&lt;/script&gt;") || !strings.Contains(body, "&lt;img src=x onerror=alert(2)&gt;") {
+			t.Errorf("%s does not show the key and scope escaped:\n%s", name, body)
+		}
+	}
+	// The action's audit line names the key by its redaction only.
+	if code, _ := b.act(id, "delete"); code != http.StatusOK {
+		t.Fatalf("delete = %d", code)
+	}
+	log := b.log.String()
+	if strings.Contains(log, "script") || strings.Contains(log, `alert(\"key`) {
+		t.Errorf("the log holds the key in clear:\n%s", log)
+	}
+	if !strings.Contains(log, idem.RedactKey(key)) {
+		t.Errorf("the log lacks the key's redaction %s:\n%s", idem.RedactKey(key), log)
+	}
+}
+
+// redactKey replaces a key in an error's text, as it is and as %q quotes
+// it, and keeps the error's identity.
+func TestRedactKey(t *testing.T) {
+	t.Parallel()
+	const key = `k"<b>`
+	base := fmt.Errorf("store: claim %q: %w; raw %s", key, idemstore.ErrNotFound, key)
+	got := redactKey(base, key)
+	if strings.Contains(got.Error(), "<b>") || strings.Count(got.Error(), idem.RedactKey(key)) != 2 {
+		t.Errorf("redactKey = %q", got)
+	}
+	if !errors.Is(got, idemstore.ErrNotFound) {
+		t.Errorf("redactKey lost the error's identity: %v", got)
+	}
+	if redactKey(nil, key) != nil || redactKey(base, "") != base || redactKey(errors.New("other"), key).Error() != "other" {
+		t.Error("redactKey changed what it had nothing to redact")
 	}
 }

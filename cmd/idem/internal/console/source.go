@@ -60,16 +60,18 @@ type SourceInfo struct {
 	// Hashed is set when the store keeps scopes and keys only hashed:
 	// lists show ids, and Find needs the scope.
 	Hashed bool
-	// Paged is set when List pages with a cursor through the whole store;
-	// otherwise it sees only the first MaxScan records the store returns.
-	Paged bool
+	// Sorted is set when List sorts in-flight records by lease end and
+	// aged ones by expiry (sqlSource, on its indexes); otherwise pages
+	// follow the store's own cursor, in its order (inspectorSource), and
+	// the overview's counts read at most MaxScan records.
+	Sorted bool
 	// Steps is set when records can hold recovery points.
 	Steps bool
 }
 
 // ErrChanged is returned by Delete and Release when the record is no
 // longer what the operator confirmed: its state, lease or fence changed.
-var ErrChanged = errors.New("console: the record changed since it was shown")
+var ErrChanged = errors.New("console: the record changed since it was confirmed (another action, perhaps from another tab, or a new claim): nothing was done")
 
 // SummaryCap bounds each count of Summary: past it the page says "more
 // than". It keeps the overview's cost bounded on any store.
@@ -104,6 +106,9 @@ const (
 	AnyState       State = ""
 	StateInFlight  State = "in-flight"
 	StateSuspended State = "suspended"
+	// StateHeld selects the suspended records that reconciliation gave
+	// up on, held for an operator (idemstore.Record.Held).
+	StateHeld      State = "held"
 	StateCompleted State = "completed"
 	StateExpired   State = "expired"
 )
@@ -123,11 +128,12 @@ type Query struct {
 
 // Cursor is a position in a Records listing: the last row shown, by its
 // sort value (a lease end or expiry in Unix nanoseconds, or 0 when sorted
-// by scope and key) and its name, or an offset for inspectorSource.
+// by scope and key) and its name, or, for inspectorSource, the store's
+// own cursor (idemstore.ListPage.Next).
 type Cursor struct {
 	Sort       int64
 	Scope, Key string
-	Offset     int
+	Token      string
 }
 
 // Page is one page of records.

@@ -1,11 +1,9 @@
 package console
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -15,10 +13,9 @@ import (
 
 // inspectorSource is the Source of any store that implements
 // idemstore.Inspector (Redis, Redis Cluster, memory, and stores added later).
-// idemstore.Inspector.List has no cursor yet, so a listing reads at most
-// MaxScan records from the store and filters, sorts and pages those; the
-// pages say so. When List gains a cursor, List and Summary here are what
-// changes.
+// A listing follows the store's cursor (idemstore.ListParams.After) in the
+// store's own order and filters in the console; the overview's counts read
+// at most MaxScan records.
 type inspectorSource struct {
 	in   idemstore.Inspector
 	ss   idemstore.StepStore // nil if the store keeps no recovery points
@@ -154,8 +151,8 @@ func (s *inspectorSource) Total(ctx context.Context) (int64, bool, error) {
 	return int64(len(recs)), len(recs) < MaxScan, nil
 }
 
-// List implements Source over the first MaxScan records (see
-// inspectorSource), sorted as sqlSource sorts them.
+// List implements Source with the store's cursor, in the store's order:
+// each page reads at most MaxScan records of the store.
 func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Page, error) {
 	if q.State == StateExpired {
 		return Page{Index: "none", Note: "This store hides expired records (Redis deletes them itself; memory deletes them on cleanup)."}, nil
@@ -165,14 +162,10 @@ func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Pag
 	}
 	st := idemstore.RecordState(0)
 	switch q.State {
-	case StateInFlight, StateSuspended:
+	case StateInFlight, StateSuspended, StateHeld:
 		st = idemstore.StateInFlight
 	case StateCompleted:
 		st = idemstore.StateCompleted
-	}
-	recs, err := s.scan(ctx, st, now)
-	if err != nil {
-		return Page{}, fmt.Errorf("list: %w", err)
 	}
 	stuck := map[[2]string]bool{}
 	if q.State == StateSuspended && s.ss != nil {
@@ -184,42 +177,53 @@ func (s *inspectorSource) List(ctx context.Context, q Query, now time.Time) (Pag
 			stuck[[2]string{r.Scope, r.Key}] = true
 		}
 	}
-	var rows []Row
-	for _, r := range recs {
-		if q.Scope != "" && r.Scope != q.Scope || !q.Before.IsZero() && !r.ExpiresAt.Before(q.Before) {
-			continue
-		}
-		row := s.row(r, stuck)
-		if q.State == StateSuspended && !row.suspended(now) {
-			continue
-		}
-		rows = append(rows, row)
-	}
-	switch {
-	case st == idemstore.StateInFlight:
-		slices.SortStableFunc(rows, func(a, b Row) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
-	case !q.Before.IsZero():
-		slices.SortStableFunc(rows, func(a, b Row) int { return a.ExpiresAt.Compare(b.ExpiresAt) })
-	default:
-		slices.SortStableFunc(rows, func(a, b Row) int {
-			return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Key, b.Key), cmp.Compare(a.ID, b.ID))
-		})
-	}
-	p := Page{Index: "the store's own listing (" + s.kind + ")"}
-	if len(recs) >= MaxScan {
-		p.Note = fmt.Sprintf("This store lists at most %d records at a time: these pages show those, filtered.", MaxScan)
-	}
-	off := 0
+	p := Page{Index: "the store's own listing and cursor (" + s.kind + ")"}
+	lp := idemstore.ListParams{State: st, Now: now}
 	if q.After != nil {
-		off = min(q.After.Offset, len(rows))
+		lp.After = q.After.Token
 	}
-	end := min(off+q.Limit, len(rows))
-	p.Rows = rows[off:end]
-	if end < len(rows) {
-		p.Next = &Cursor{Offset: end}
+	scanned := 0
+	for calls := 0; ; calls++ {
+		lp.Limit = min(q.Limit-len(p.Rows), MaxScan-scanned)
+		page, err := s.in.List(ctx, lp)
+		if errors.Is(err, idemstore.ErrInvalidCursor) {
+			return Page{}, errBadQuery("after: the store no longer continues this listing (" + err.Error() + "): start from the first page")
+		}
+		if err != nil {
+			return Page{}, fmt.Errorf("list: %w", err)
+		}
+		scanned += len(page.Records)
+		for _, r := range page.Records {
+			if q.Scope != "" && r.Scope != q.Scope || !q.Before.IsZero() && !r.ExpiresAt.Before(q.Before) {
+				continue
+			}
+			row := s.row(r, stuck)
+			if q.State == StateSuspended && !row.suspended(now) || q.State == StateHeld && !row.Held() {
+				continue
+			}
+			p.Rows = append(p.Rows, row)
+		}
+		if page.Next == "" {
+			return p, nil // the walk's end
+		}
+		// A page ends when it is full, or when it read MaxScan records
+		// (or made maxListCalls calls) to find fewer: a filter that
+		// matches few records costs each page a bounded read, and the
+		// next page goes on from the store's cursor.
+		if len(p.Rows) >= q.Limit || scanned >= MaxScan || calls+1 >= maxListCalls {
+			p.Next = &Cursor{Token: page.Next}
+			if len(p.Rows) < q.Limit {
+				p.Note = fmt.Sprintf("This page read %d records of the store to find these; the next page goes on from there.", scanned)
+			}
+			return p, nil
+		}
+		lp.After = page.Next
 	}
-	return p, nil
 }
+
+// maxListCalls bounds the store's List calls of one page (a Redis page
+// may hold no record before the walk's end).
+const maxListCalls = 100
 
 // Find implements Source with Get (a scope given) or List's key filter;
 // a store that keeps keys hashed needs the scope.

@@ -134,7 +134,7 @@ func (s *sqlSource) scanRow(r interface{ Scan(...any) error }, extra ...any) (Ro
 }
 
 func (s *sqlSource) Describe() SourceInfo {
-	return SourceInfo{Kind: s.kind, Paged: true, Steps: true}
+	return SourceInfo{Kind: s.kind, Sorted: true, Steps: true}
 }
 
 func (s *sqlSource) RefOf(string) (Ref, bool) { return Ref{}, false }
@@ -282,11 +282,16 @@ func (s *sqlSource) listSQL(q Query, now time.Time) (stmt string, args []any, so
 	var order []string
 	var hint string
 	switch {
-	case q.State == StateInFlight || q.State == StateSuspended:
+	case q.State == StateInFlight || q.State == StateSuspended || q.State == StateHeld:
 		sortCol, index, hint = s.d.lease(), "in-flight index ("+s.d.lease()+")", "inflight"
 		where = append(where, s.d.inFlight(), "expires_at > "+nowSQL)
-		if q.State == StateSuspended {
+		switch q.State {
+		case StateSuspended:
 			where = append(where, "checkpoint IS NOT NULL", s.d.lease()+" <= "+nowSQL)
+		case StateHeld:
+			// A held record's lease ends at the Unix epoch: the first
+			// rows of the in-flight index.
+			where = append(where, "checkpoint IS NOT NULL", s.d.lease()+" = "+b.add(s.d.timeArg(time.Unix(0, 0))))
 		}
 	case q.State == StateExpired:
 		sortCol, index, hint = "expires_at", "expiry index (expires_at)", "expires"

@@ -8,29 +8,30 @@ import (
 
 // column is a column of the payments table as the demo writes and reads
 // it, with its type on each database: PostgreSQL's format_type, SQLite's
-// type affinity (https://sqlite.org/datatype3.html#determination_of_column_affinity).
+// type affinity (https://sqlite.org/datatype3.html#determination_of_column_affinity),
+// MariaDB's information_schema DATA_TYPE.
 type column struct {
-	name, pg, sqlite string
+	name, pg, sqlite, mysql string
 }
 
 // baseColumns are the columns every payment has (createTable).
 var baseColumns = []column{
-	{"id", "text", "TEXT"},
-	{"tenant", "text", "TEXT"},
-	{"idempotency_key", "text", "TEXT"},
-	{"amount_cents", "bigint", "INTEGER"},
-	{"currency", "text", "TEXT"},
-	{"reference", "text", "TEXT"},
-	{"created_at", "timestamp with time zone", "TEXT"},
+	{"id", "text", "TEXT", "varchar"},
+	{"tenant", "text", "TEXT", "varchar"},
+	{"idempotency_key", "text", "TEXT", "varchar"},
+	{"amount_cents", "bigint", "INTEGER", "bigint"},
+	{"currency", "text", "TEXT", "varchar"},
+	{"reference", "text", "TEXT", "text"},
+	{"created_at", "timestamp with time zone", "TEXT", "datetime"},
 }
 
 // stepColumns are the provider columns MigrateSteps adds.
 var stepColumns = []column{
-	{"status", "text", "TEXT"},
-	{"charge_id", "text", "TEXT"},
-	{"provider_key", "text", "TEXT"},
-	{"failure_code", "text", "TEXT"},
-	{"failure_reason", "text", "TEXT"},
+	{"status", "text", "TEXT", "varchar"},
+	{"charge_id", "text", "TEXT", "varchar"},
+	{"provider_key", "text", "TEXT", "varchar"},
+	{"failure_code", "text", "TEXT", "varchar"},
+	{"failure_reason", "text", "TEXT", "text"},
 }
 
 // tableColumn is a column the database reports for the existing table.

@@ -237,6 +237,7 @@ func TestProcessDuplicatesReachUpstreamOnce(t *testing.T) {
 	for name, spec := range map[string]func(t *testing.T) string{
 		"sqlite":   func(t *testing.T) string { return filepath.Join(t.TempDir(), "records.db") },
 		"postgres": func(t *testing.T) string { return postgresSpec(t) },
+		"mysql":    func(t *testing.T) string { return mysqlSpec(t) },
 		"redis":    func(t *testing.T) string { return redisSpec(t) },
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -410,7 +411,8 @@ func TestProcessUnreachableUpstreamReleases(t *testing.T) {
 func TestProcessStoreUnreachableAtStart(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, nil)
-	for _, store := range []string{"redis://" + closedAddr(t) + "/0", "postgres://postgres@" + closedAddr(t) + "/x?sslmode=disable"} {
+	for _, store := range []string{"redis://" + closedAddr(t) + "/0", "postgres://postgres@" + closedAddr(t) + "/x?sslmode=disable",
+		"mysql://root@" + closedAddr(t) + "/x"} {
 		p := runIdem(t, "A", nil, "proxy", "--addr", "127.0.0.1:0", "--store", store, "--upstream", up.URL)
 		if code := p.wait(t); code != 1 {
 			t.Fatalf("%s: exit %d, want 1:\n%s", store, code, p.logs)

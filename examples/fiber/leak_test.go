@@ -1,0 +1,19 @@
+package main
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package's tests if any goroutine outlives them: every
+// goroutine a test starts (servers, clients) must be stopped by the test's
+// own cleanup. Two of fasthttp's are not the test's to stop: the clock that
+// formats the Date field runs for the life of the process, and a stopped
+// server's worker-pool cleaner notices the stop only when its sleep ends.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+	)
+}
