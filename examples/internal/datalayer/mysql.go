@@ -54,12 +54,16 @@ var MySQL = &Backend{
 // mysqlDSN turns mysql://USER[:PASS]@HOST:PORT/DB into the driver's DSN.
 func mysqlDSN(s string) (string, error) {
 	u, err := url.Parse(s)
-	if err != nil || u.Host == "" || strings.Trim(u.Path, "/") == "" || u.User == nil {
+	if err != nil {
+		return "", fmt.Errorf("want mysql://USER[:PASS]@HOST:PORT/DB: %w", err)
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	if u.Host == "" || db == "" || strings.Contains(db, "/") || u.User == nil || u.User.Username() == "" {
 		return "", fmt.Errorf("want mysql://USER[:PASS]@HOST:PORT/DB, got %q", s)
 	}
 	cfg := mysql.NewConfig()
 	cfg.User = u.User.Username()
 	cfg.Passwd, _ = u.User.Password()
-	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.Trim(u.Path, "/")
+	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, db
 	return cfg.FormatDSN(), nil
 }
