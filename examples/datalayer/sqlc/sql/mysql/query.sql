@@ -1,0 +1,2 @@
+-- name: CreateOrder :execlastid
+INSERT INTO orders (item, quantity) VALUES (?, ?);

@@ -1,0 +1,2 @@
+-- name: CreateOrder :one
+INSERT INTO orders (item, quantity) VALUES ($1, $2) RETURNING id;

@@ -1,0 +1,5 @@
+CREATE TABLE orders (
+	id BIGSERIAL PRIMARY KEY,
+	item TEXT NOT NULL,
+	quantity BIGINT NOT NULL
+);
