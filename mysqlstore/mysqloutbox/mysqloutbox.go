@@ -213,8 +213,15 @@ func (s *Store) claim(ctx context.Context, p outbox.ClaimParams) (msgs []outbox.
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	if msgs, err = keepKeyOrder(ctx, tx, t, msgs); err != nil {
+		return nil, err
+	}
 	if len(msgs) == 0 {
 		return nil, tx.Rollback()
+	}
+	seqs = seqs[:0]
+	for _, m := range msgs {
+		seqs = append(seqs, m.Seq)
 	}
 	args := append([]any{p.Owner, p.Lease.Microseconds()}, seqs...)
 	if _, err := tx.ExecContext(ctx, `UPDATE `+t+` SET claimed_by = ?, claim_until = `+now+` + INTERVAL ? MICROSECOND, attempts = attempts + 1
@@ -225,6 +232,66 @@ func (s *Store) claim(ctx context.Context, p outbox.ClaimParams) (msgs []outbox.
 		return nil, err
 	}
 	return msgs, nil
+}
+
+// keepKeyOrder drops from a claimed batch every message of a key that
+// has an earlier unsent message outside the batch. SKIP LOCKED passes over
+// the rows of a transaction still committing; when that transaction
+// commits while the scan goes on, InnoDB's locking read returns its later
+// rows but not the earlier ones it skipped, and those later rows would be
+// published first. A fresh read (READ COMMITTED) of the keys' unsent
+// sequence numbers sees the whole committed transaction, so a key's
+// messages are kept only up to the first one the batch lacks.
+func keepKeyOrder(ctx context.Context, tx *sql.Tx, table string, msgs []outbox.Message) ([]outbox.Message, error) {
+	keys := map[string]int64{} // key -> the batch's highest seq of it
+	for _, m := range msgs {
+		if m.Key != "" {
+			keys[m.Key] = max(keys[m.Key], m.Seq)
+		}
+	}
+	if len(keys) == 0 {
+		return msgs, nil
+	}
+	inBatch := make(map[int64]bool, len(msgs))
+	for _, m := range msgs {
+		inBatch[m.Seq] = true
+	}
+	args := make([]any, 0, len(keys))
+	for k := range keys {
+		args = append(args, k)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT okey, seq FROM `+table+`
+		WHERE sent_at IS NULL AND okey IN (`+placeholders(len(args))+`) ORDER BY okey, seq`, args...)
+	if err != nil {
+		return nil, err
+	}
+	firstGap := map[string]int64{} // key -> the lowest unsent seq the batch lacks
+	for rows.Next() {
+		var k string
+		var seq int64
+		if err := rows.Scan(&k, &seq); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if _, seen := firstGap[k]; !seen && !inBatch[seq] && seq < keys[k] {
+			firstGap[k] = seq
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(firstGap) == 0 {
+		return msgs, nil
+	}
+	kept := msgs[:0]
+	for _, m := range msgs {
+		if gap, ok := firstGap[m.Key]; ok && m.Seq > gap {
+			continue
+		}
+		kept = append(kept, m)
+	}
+	return kept, nil
 }
 
 func placeholders(n int) string {
