@@ -33,7 +33,8 @@ func TestProxyFlagErrors(t *testing.T) {
 		{[]string{"--upstream", "http://h", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--upstream", "http://h", "--ttl", "2562047h47m16s"}, "--ttl: ttl 2562047h47m16s is longer than the maximum 87600h0m0s"},
 		{[]string{"--upstream", "http://h", "--upstream-timeout", "2562047h"}, "--upstream-timeout: upstream-timeout 2562047h0m0s is longer than the maximum"},
-		{[]string{"--upstream", "http://h", "--store", "mysql://x"}, `--store: "mysql://x" is not a store idem knows`},
+		{[]string{"--upstream", "http://h", "--store", "mongodb://x"}, `--store: "mongodb://x" is not a store idem knows`},
+		{[]string{"--upstream", "http://h", "--store", "mysql://x"}, `--store: "mysql://x" is not a MariaDB URL (no user); use mysql://USER[:PASS]@HOST[:PORT]/DB`},
 		{[]string{"--upstream", "http://h", "--store", "localhost:6379"}, `--store: "localhost:6379" is a server address, not a file`},
 	} {
 		var stderr syncBuffer
