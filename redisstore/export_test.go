@@ -17,3 +17,6 @@ func CanonicalCursor(c string) (string, error) {
 	}
 	return cur.String(), nil
 }
+
+// DropListed is dropListed, for tests.
+var DropListed = dropListed

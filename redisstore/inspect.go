@@ -246,6 +246,7 @@ func (s *Store) scanNode(ctx context.Context, c redis.UniversalClient, cur *curs
 		if err != nil {
 			return false, err
 		}
+		recs = dropListed(recs, *out)
 		room := p.Limit - len(*out)
 		switch {
 		case len(recs) <= room:
@@ -277,6 +278,23 @@ func (s *Store) scanNode(ctx context.Context, c redis.UniversalClient, cur *curs
 			return true, nil
 		}
 	}
+}
+
+// dropListed removes from recs the records already in listed or earlier
+// in recs. SCAN may return a key more than once while Redis resizes its
+// hash table (other keys of the database come and go), so one page could
+// otherwise hold a record twice; across pages a repeat stays possible and
+// is documented.
+func dropListed(recs, listed []idemstore.RecordInfo) []idemstore.RecordInfo {
+	out := recs[:0]
+	for _, r := range recs {
+		same := func(o idemstore.RecordInfo) bool { return o.ID == r.ID }
+		if slices.ContainsFunc(listed, same) || slices.ContainsFunc(out, same) {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // serverState returns, in one round trip, the run ID of the Redis server c
