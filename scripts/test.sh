@@ -60,50 +60,55 @@ step "go test -race (every module)"
 go test -race -count=1 -timeout 15m github.com/idemhq/idem/...
 
 fuzztime=${FUZZTIME:-10s}
-# fuzz runs one target. Go's fuzzing coordinator sometimes ends a run with
-# "context deadline exceeded" and no failing input when a worker answers
-# late on a loaded machine (a known flake of the toolchain, not a finding):
-# that one case is run again once. A real failure writes its input under
-# testdata/fuzz and fails at once.
+# Each package with fuzz targets gets its fuzzing test binary built once
+# (go test -c -fuzz); the binary lists the package's targets (-test.list,
+# so a new target runs without anyone adding it to a list) and fuzzes each
+# from the package's directory, where its corpus (testdata/fuzz) lives.
+# Linking a large package's test binary for every target took longer than
+# the fuzzing. The go command's own fuzz cache directory is kept.
+fuzzbin=$(mktemp -d)
+fuzzcache=$(go env GOCACHE)/fuzz
+# fuzz DIR PKG BIN TARGET runs one target. Go's fuzzing coordinator
+# sometimes ends a run with "context deadline exceeded" and no failing
+# input when a worker answers late on a loaded machine (a known flake of
+# the toolchain, not a finding): that one case is run again once. A real
+# failure writes its input under testdata/fuzz and fails at once.
 fuzz() {
 	local out
-	if out=$(go test -run '^$' -fuzz "^$2\$" -fuzztime "$fuzztime" "$1" </dev/null 2>&1); then
+	if out=$(fuzz_once "$@"); then
 		echo "$out"
 		return 0
 	fi
 	echo "$out"
 	if grep -q 'context deadline exceeded' <<<"$out" && ! grep -q 'Failing input written' <<<"$out"; then
-		echo "(the fuzzing coordinator timed out without a failing input; running $2 again)"
-		go test -run '^$' -fuzz "^$2\$" -fuzztime "$fuzztime" "$1" </dev/null
+		echo "(the fuzzing coordinator timed out without a failing input; running $4 again)"
+		fuzz_once "$@"
 		return
 	fi
 	return 1
 }
-# fuzz_targets prints "PACKAGE TARGET" for every fuzz target of the
-# workspace: the packages whose test files declare a Fuzz function are
-# asked for their targets with `go test -list`, so that a new target is run
-# without anyone adding it to a list.
-fuzz_targets() {
-	local dirs
-	dirs=$(git grep -l '^func Fuzz' -- '*_test.go' | xargs -r -n1 dirname | sort -u)
-	[[ -n "$dirs" ]] || return 0
-	local d pkg
-	for d in $dirs; do
-		pkg=$(cd "$d" && go list .)
-		(cd "$d" && go test -list '^Fuzz' .) | grep '^Fuzz' | sed "s|^|$pkg |"
-	done
+fuzz_once() {
+	(cd "$1" && "$3" -test.run '^$' -test.fuzz "^$4\$" -test.fuzztime "$fuzztime" -test.fuzzcachedir "$fuzzcache/$2" </dev/null 2>&1)
 }
 step "fuzz every parser (${fuzztime} per target; FUZZTIME=0 skips)"
 if [[ "$fuzztime" != 0 ]]; then
-	targets=$(fuzz_targets)
-	[[ -n "$targets" ]] || { echo "no fuzz targets found"; exit 1; }
-	while read -r pkg target; do
-		echo "--- $target ($pkg)"
-		fuzz "$pkg" "$target"
-	done <<<"$targets"
+	dirs=$(git grep -l '^func Fuzz' -- '*_test.go' | xargs -r -n1 dirname | sort -u)
+	[[ -n "$dirs" ]] || { echo "no fuzz targets found"; exit 1; }
+	for dir in $dirs; do
+		pkg=$(cd "$dir" && go list .)
+		bin="$fuzzbin/${pkg//\//_}.test"
+		(cd "$dir" && go test -c -fuzz . -o "$bin" .)
+		targets=$("$bin" -test.list '^Fuzz')
+		[[ -n "$targets" ]] || { echo "$pkg declares a Fuzz function but lists no target"; exit 1; }
+		for target in $targets; do
+			echo "--- $target ($pkg)"
+			fuzz "$dir" "$pkg" "$bin" "$target"
+		done
+	done
 else
 	echo "skipped (FUZZTIME=0)"
 fi
+rm -rf "$fuzzbin"
 
 step "every benchmark once (-benchtime 1x), so that none rots"
 go test -run '^$' -bench . -benchtime 1x -count=1 github.com/idemhq/idem/...
