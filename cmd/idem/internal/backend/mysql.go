@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,7 +77,16 @@ func ParseMySQLURL(spec string) (*mysql.Config, string, error) {
 	if port == "" {
 		port = "3306"
 	}
+	if host == "" || strings.ContainsAny(host, "[]") {
+		return bad("no host")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return bad("the port is not a number from 1 to 65535")
+	}
 	cfg.Addr = net.JoinHostPort(host, port)
+	if _, _, err := net.SplitHostPort(cfg.Addr); err != nil {
+		return bad("the host is not a host name or an address")
+	}
 	cfg.DBName = db
 	if !q.Has("interpolateParams") {
 		cfg.InterpolateParams = true
