@@ -40,7 +40,9 @@ step() {
 	printf '\n==> [%d/%d] %s\n' "$stage" "$stages" "$*"
 }
 # A failing stage is named at the end of the output, where a reader looks.
-trap 'rc=$?; if ((rc != 0)); then printf "\nFAILED in stage %d/%d (%s) after %d s in all\n" "$stage" "$stages" "$stage_name" $((SECONDS - run_start)); fi' EXIT
+# It also removes the fuzzing binaries (below) when a target fails.
+fuzzbin=
+trap 'rc=$?; [[ -z "$fuzzbin" ]] || rm -rf "$fuzzbin"; if ((rc != 0)); then printf "\nFAILED in stage %d/%d (%s) after %d s in all\n" "$stage" "$stages" "$stage_name" $((SECONDS - run_start)); fi' EXIT
 
 step "gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -109,6 +111,7 @@ else
 	echo "skipped (FUZZTIME=0)"
 fi
 rm -rf "$fuzzbin"
+fuzzbin=
 
 step "every benchmark once (-benchtime 1x), so that none rots"
 go test -run '^$' -bench . -benchtime 1x -count=1 github.com/idemhq/idem/...
