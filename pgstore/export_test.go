@@ -23,4 +23,4 @@ func NewWithoutAdvisoryLock(ctx context.Context, pool *pgxpool.Pool, cfg *Config
 }
 
 // Migrations is the number of embedded migrations: one history row each.
-const Migrations = 4
+const Migrations = 5
