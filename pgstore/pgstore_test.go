@@ -696,9 +696,11 @@ func TestExpiresBRIN(t *testing.T) {
 		t.Fatalf("indexes after migration: BRIN %d, B-tree %d; want 1 and 0",
 			idx(pgstore.DefaultTable+"_expires_at_brin"), idx(pgstore.DefaultTable+"_expires_at_idx"))
 	}
-	// 50,000 live records in claim order, then analyse.
+	// 50,000 live records in claim order (the first expires in an hour,
+	// so that none expires before DeleteExpired on a loaded machine), then
+	// analyse.
 	if _, err := f.pool.Exec(ctx, "INSERT INTO "+f.store.Table()+` (scope, key, fingerprint, expires_at, response)
-		SELECT 's', 'k' || i, 'f', statement_timestamp() + i * interval '1 second', '\x00' FROM generate_series(1, 50000) i`); err != nil {
+		SELECT 's', 'k' || i, 'f', statement_timestamp() + interval '1 hour' + i * interval '1 second', '\x00' FROM generate_series(1, 50000) i`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.pool.Exec(ctx, "ANALYZE "+f.store.Table()); err != nil {

@@ -27,11 +27,20 @@ import (
 // Which index serves which listing:
 //
 //	no filter, scope, completed     the primary key (scope, key)
-//	in flight, suspended            the in-flight index (lease end, then scope, key)
+//	in flight, suspended, held      SQLite: the in-flight index (lease end, then scope, key)
+//	suspended, held                 PostgreSQL: the index of the records holding a
+//	                                recovery point (pgstore migration 5), then a sort
+//	in flight                       PostgreSQL: the table, read in full, keeping the
+//	                                page's rows by lease end (a top-N sort)
 //	expired, age (Query.Before)     the expiry index (expires_at, then scope, key)
 //
-// A second filter (a scope with a state, an age with a state) is checked
-// on the rows the index yields.
+// pgstore keeps no index of the records in flight, so that completions
+// are heap-only updates: the in-flight listing, the overview's in-flight
+// counts and its oldest lease read the whole table, bounded in what they
+// return (LIMIT), not in what they read. An operator who adds the index
+// docs/console.md names gets index reads from the same statements. A
+// second filter (a scope with a state, an age with a state) is checked on
+// the rows the index yields.
 type sqlSource struct {
 	d     dialect
 	table string
@@ -63,6 +72,9 @@ type dialect interface {
 	placeholder(n int) string
 	// anyOf returns the condition "col is one of the list" for list.
 	anyOf(b *argList, col string, list []string) string
+	// inFlightIndex names what serves the listing of state (in flight,
+	// suspended or held), for the page.
+	inFlightIndex(state State) string
 	// indexed returns the clause after the table's name that makes the
 	// query use the named index (inflight, expires or "" for the primary
 	// key): SQLite's planner has no statistics of the table and may
@@ -141,8 +153,9 @@ func (s *sqlSource) RefOf(string) (Ref, bool) { return Ref{}, false }
 
 func (s *sqlSource) ID(r Row) string { return RecordID(r.Scope, r.Key) }
 
-// Summary implements Source with bounded reads of the in-flight index and
-// the expiry index.
+// Summary implements Source: the expired count reads the expiry index; the
+// in-flight counts and the oldest lease read SQLite's in-flight index, and
+// PostgreSQL's table (see sqlSource). Each count stops at SummaryCap.
 func (s *sqlSource) Summary(ctx context.Context, now time.Time) (Summary, error) {
 	var sum Summary
 	q := s.summarySQL(now)
@@ -283,14 +296,14 @@ func (s *sqlSource) listSQL(q Query, now time.Time) (stmt string, args []any, so
 	var hint string
 	switch {
 	case q.State == StateInFlight || q.State == StateSuspended || q.State == StateHeld:
-		sortCol, index, hint = s.d.lease(), "in-flight index ("+s.d.lease()+")", "inflight"
+		sortCol, index, hint = s.d.lease(), s.d.inFlightIndex(q.State), "inflight"
 		where = append(where, s.d.inFlight(), "expires_at > "+nowSQL)
 		switch q.State {
 		case StateSuspended:
 			where = append(where, "checkpoint IS NOT NULL", s.d.lease()+" <= "+nowSQL)
 		case StateHeld:
 			// A held record's lease ends at the Unix epoch: the first
-			// rows of the in-flight index.
+			// rows of SQLite's in-flight index.
 			where = append(where, "checkpoint IS NOT NULL", s.d.lease()+" = "+b.add(s.d.timeArg(time.Unix(0, 0))))
 		}
 	case q.State == StateExpired:
@@ -523,6 +536,8 @@ func (sqliteDialect) size() string                         { return "coalesce(le
 func (sqliteDialect) scanTime() timeScanner                { return new(nanoTime) }
 func (sqliteDialect) placeholder(n int) string             { return "?" + strconv.Itoa(n) }
 
+func (sqliteDialect) inFlightIndex(State) string { return "in-flight index (lease_until)" }
+
 func (sqliteDialect) indexed(table, index string) string {
 	switch index {
 	case "inflight":
@@ -571,6 +586,13 @@ func (pgDialect) scanTime() timeScanner          { return new(pgTime) }
 func (pgDialect) placeholder(n int) string       { return "$" + strconv.Itoa(n) }
 
 func (pgDialect) indexed(string, string) string { return "" }
+
+func (pgDialect) inFlightIndex(st State) string {
+	if st == StateInFlight {
+		return "records table, read in full unless the optional in-flight index exists (docs/console.md)"
+	}
+	return "index of the records holding a recovery point (checkpoint)"
+}
 
 func (pgDialect) anyOf(b *argList, col string, list []string) string {
 	return col + " = ANY(" + b.add(list) + ")"
