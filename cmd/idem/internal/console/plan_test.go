@@ -160,10 +160,14 @@ type planCase struct {
 	args []any
 }
 
-func summaryQueries(sum [3]statement) []planCase {
-	return []planCase{
+func summaryQueries(sum [4]statement) []planCase {
+	cases := []planCase{
 		{name: "summary in flight", index: "inflight", pg: "table", stmt: sum[0].stmt, args: sum[0].args},
 		{name: "summary expired", index: "expires_at", stmt: sum[1].stmt, args: sum[1].args},
 		{name: "summary oldest lease", index: "inflight", pg: "table", stmt: sum[2].stmt, args: sum[2].args},
 	}
+	if sum[3].stmt != "" {
+		cases = append(cases, planCase{name: "summary in flight with the oldest", pg: "table", stmt: sum[3].stmt, args: sum[3].args})
+	}
+	return cases
 }

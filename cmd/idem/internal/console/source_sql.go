@@ -159,7 +159,13 @@ func (s *sqlSource) ID(r Row) string { return RecordID(r.Scope, r.Key) }
 func (s *sqlSource) Summary(ctx context.Context, now time.Time) (Summary, error) {
 	var sum Summary
 	q := s.summarySQL(now)
-	if err := s.one(ctx, q[0].stmt, q[0].args, &sum.InFlight, &sum.LeaseLive, &sum.Suspended); err != nil {
+	_, pg := s.d.(pgDialect)
+	if pg {
+		// One read of the table for the counts and the oldest lease.
+		if err := s.pgInFlight(ctx, q[3], &sum); err != nil {
+			return sum, fmt.Errorf("count in flight: %w", err)
+		}
+	} else if err := s.one(ctx, q[0].stmt, q[0].args, &sum.InFlight, &sum.LeaseLive, &sum.Suspended); err != nil {
 		return sum, fmt.Errorf("count in flight: %w", err)
 	}
 	sum.Abandoned = sum.InFlight - sum.LeaseLive - sum.Suspended
@@ -167,6 +173,11 @@ func (s *sqlSource) Summary(ctx context.Context, now time.Time) (Summary, error)
 		return sum, fmt.Errorf("count expired: %w", err)
 	}
 	sum.Capped = sum.InFlight >= SummaryCap || sum.Expired >= SummaryCap
+	if pg && sum.InFlight < SummaryCap {
+		// The count saw every record in flight, and so their oldest.
+		return sum, nil
+	}
+	sum.Oldest = nil
 	rs, err := s.d.query(ctx, q[2].stmt, q[2].args...)
 	if err != nil {
 		return sum, fmt.Errorf("oldest lease: %w", err)
@@ -188,10 +199,31 @@ type statement struct {
 	args []any
 }
 
+// pgInFlight reads the in-flight counts and the oldest of the records
+// counted into sum, with q (summarySQL's fourth statement): one row, the
+// oldest, carrying the counts; none when nothing is in flight.
+func (s *sqlSource) pgInFlight(ctx context.Context, q statement, sum *Summary) error {
+	rs, err := s.d.query(ctx, q.stmt, q.args...)
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	if rs.Next() {
+		r, err := s.scanRow(rs, &sum.InFlight, &sum.LeaseLive, &sum.Suspended)
+		if err != nil {
+			return err
+		}
+		sum.Oldest = &r
+	}
+	return rs.Err()
+}
+
 // summarySQL returns Summary's queries: the in-flight counts, the expired
-// count and the oldest lease.
-func (s *sqlSource) summarySQL(now time.Time) [3]statement {
-	var out [3]statement
+// count, the oldest lease and, on PostgreSQL, the in-flight counts with
+// the oldest of the records counted, in one read of the table (the
+// oldest lease's statement then runs only when the count was capped).
+func (s *sqlSource) summarySQL(now time.Time) [4]statement {
+	var out [4]statement
 	b := &argList{d: s.d}
 	nowSQL := s.d.now(b, now)
 	out[0] = statement{`SELECT count(*), coalesce(sum(CASE WHEN lease > ` + nowSQL + ` THEN 1 ELSE 0 END), 0),
@@ -206,6 +238,16 @@ func (s *sqlSource) summarySQL(now time.Time) [3]statement {
 	nowSQL = s.d.now(b, now)
 	out[2] = statement{`SELECT ` + s.columns() + ` FROM ` + s.table + s.d.indexed(s.table, "inflight") + ` WHERE ` + s.d.inFlight() +
 		` AND expires_at > ` + nowSQL + ` ORDER BY ` + s.d.lease() + ` LIMIT 1`, b.args}
+	if _, ok := s.d.(pgDialect); ok {
+		// The columns of a Row (scanRow), then the counts over every
+		// row the subquery read.
+		out[3] = statement{`SELECT scope, key, fingerprint, true, lease_expires_at, expires_at, 0, cp, fence,
+		count(*) OVER (), sum(CASE WHEN lease_expires_at > statement_timestamp() THEN 1 ELSE 0 END) OVER (),
+		sum(CASE WHEN lease_expires_at <= statement_timestamp() AND cp THEN 1 ELSE 0 END) OVER ()
+		FROM (SELECT scope, key, fingerprint, lease_expires_at, expires_at, checkpoint IS NOT NULL AS cp, fence FROM ` + s.table +
+			` WHERE ` + s.d.inFlight() + ` AND expires_at > statement_timestamp() LIMIT ` + strconv.Itoa(SummaryCap) + `) AS f
+		ORDER BY lease_expires_at LIMIT 1`, nil}
+	}
 	return out
 }
 
