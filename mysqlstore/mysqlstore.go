@@ -165,6 +165,7 @@ func build(db *sql.DB, cfg *Config) (*Store, error) {
 		"{fence_index}", quote(c.Table+"_fence"),
 		"{expires_index}", quote(c.Table+"_expires_at"),
 		"{lease_index}", quote(c.Table+"_lease_expires_at"),
+		"{stuck_index}", quote(c.Table+"_stuck_lease"),
 		"{state_check}", quote(c.Table+"_state"),
 		"{lease_check}", quote(c.Table+"_lease"),
 	)
@@ -290,8 +291,10 @@ WHERE token IS NOT NULL AND checkpoint IS NOT NULL AND expires_at > ` + now + ` 
 		hold:           `UPDATE ` + t + ` SET checkpoint = ?, lease_expires_at = ` + epoch + `, rev = rev + 1` + owned,
 		// A held record's lease ended at the Unix epoch: the range (epoch,
 		// now] skips the held records, and the epoch alone selects them.
-		stuck: stuck + `lease_expires_at > ` + epoch + ` AND lease_expires_at <= ` + now + ` ORDER BY lease_expires_at LIMIT ?`,
-		held:  stuck + `lease_expires_at = ` + epoch + ` ORDER BY lease_expires_at LIMIT ?`,
+		// stuck_lease is lease_expires_at for the records holding a
+		// recovery point (migration 2), and its index serves both.
+		stuck: stuck + `stuck_lease > ` + epoch + ` AND stuck_lease <= ` + now + ` ORDER BY stuck_lease LIMIT ?`,
+		held:  stuck + `stuck_lease = ` + epoch + ` ORDER BY stuck_lease LIMIT ?`,
 		// SKIP LOCKED leaves rows that a claim is replacing right now to
 		// that claim, and never waits for them.
 		expiredBatch: `SELECT scope, ` + "`key`" + ` FROM ` + t + ` WHERE expires_at <= ` + now + `

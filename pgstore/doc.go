@@ -56,10 +56,13 @@
 //
 // New creates the schema (Config.Schema, "idem" by default), the records
 // table (Config.Table, "idempotency_records") with an index on its expiry
-// column, and the migration history table idem_migrations, from versioned
-// SQL files embedded in the package. Concurrent New calls are safe: a
-// transaction-scoped advisory lock serialises them and every statement is
-// idempotent. Config.SkipMigrate turns this off.
+// column and one of the records holding a recovery point (which a
+// completion without one never changes, so that completions write no
+// index entry: heap-only updates), and the migration history table
+// idem_migrations, from versioned SQL files embedded in the package.
+// Concurrent New calls are safe: a transaction-scoped advisory lock
+// serialises them and every statement is idempotent. Config.SkipMigrate
+// turns this off.
 //
 // # Cleanup
 //

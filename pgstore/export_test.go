@@ -23,4 +23,8 @@ func NewWithoutAdvisoryLock(ctx context.Context, pool *pgxpool.Pool, cfg *Config
 }
 
 // Migrations is the number of embedded migrations: one history row each.
-const Migrations = 4
+const Migrations = 5
+
+// StuckStatements returns the statements of Stuck and of Stuck with Held,
+// for the plan tests.
+func (s *Store) StuckStatements() (stuck, held string) { return s.stuckSQL, s.heldSQL }

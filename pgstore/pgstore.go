@@ -257,6 +257,7 @@ func build(cfg *Config) (*Store, bool, error) {
 		"{expires_brin_index}", pgx.Identifier{c.Table + "_expires_at_brin"}.Sanitize(),
 		"{stuck_index}", pgx.Identifier{c.Table + "_stuck_idx"}.Sanitize(),
 		"{inflight_index}", pgx.Identifier{c.Table + "_inflight_idx"}.Sanitize(),
+		"{checkpoint_index}", pgx.Identifier{c.Table + "_checkpoint_idx"}.Sanitize(),
 		"{fence_seq}", s.fenceSeq(),
 	)
 	ms, err := loadMigrations(r)
@@ -688,8 +689,8 @@ func (s *Store) saveCheckpoint(ctx context.Context, db pgdb.Querier, p idemstore
 }
 
 // Stuck implements idemstore.StepStore, by the database's clock (p.Now is
-// ignored), walking the partial index of the
-// in-flight records in the order of their leases' ends.
+// ignored): it reads the partial index of the records holding a recovery
+// point (migration 5) and returns them in the order of their leases' ends.
 func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore.StuckRecord, error) {
 	if p.Limit <= 0 {
 		return nil, errors.New("pgstore: Stuck needs a positive limit")

@@ -596,42 +596,90 @@ func testBeginTx(t *testing.T, mode string) {
 	mustClaim(t, f.store, claimParams("scope", "k"), idemstore.ClaimCompleted)
 }
 
-// Version 3 replaces the stuck index with the in-flight index, and the
-// planner serves Stuck from it.
-func TestInflightIndex(t *testing.T) {
+// Version 5 replaces the in-flight index with an index of the records
+// holding a recovery point: on a table of many completed records and a few
+// in flight, Stuck's and Held's statements read that index, never the
+// table, and find exactly the abandoned and the held records.
+func TestCheckpointIndex(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
+	ctx := t.Context()
 	idx := func(name string) int {
 		return f.count(t, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", f.schema, name)
 	}
-	if idx(pgstore.DefaultTable+"_inflight_idx") != 1 || idx(pgstore.DefaultTable+"_stuck_idx") != 0 {
-		t.Fatalf("indexes after migration: inflight %d, stuck %d; want 1 and 0",
-			idx(pgstore.DefaultTable+"_inflight_idx"), idx(pgstore.DefaultTable+"_stuck_idx"))
+	for name, want := range map[string]int{"_checkpoint_idx": 1, "_inflight_idx": 0, "_stuck_idx": 0} {
+		if got := idx(pgstore.DefaultTable + name); got != want {
+			t.Errorf("index %s%s: %d after migration, want %d", pgstore.DefaultTable, name, got, want)
+		}
 	}
-	ctx := t.Context()
-	conn, err := f.pool.Acquire(ctx)
+	// 50,000 completed records; 30 in flight with a live lease and no
+	// recovery point, 20 in flight abandoned without one; 10 suspended
+	// (a recovery point, the lease ended) and 5 held.
+	f.exec(t, `INSERT INTO `+f.table+` (scope, key, fingerprint, expires_at, response)
+		SELECT 's', 'done' || i, 'f', statement_timestamp() + interval '1 hour', '\x00' FROM generate_series(1, 50000) i`)
+	for _, r := range []struct {
+		prefix, lease, checkpoint string
+		n                         int
+	}{
+		{"live", "statement_timestamp() + interval '1 minute'", "NULL", 30},
+		{"abandoned", "statement_timestamp() - interval '1 minute'", "NULL", 20},
+		{"suspended", "statement_timestamp() - interval '1 minute'", `'\x01'::bytea`, 10},
+		{"held", "'epoch'", `'\x01'::bytea`, 5},
+	} {
+		f.exec(t, `INSERT INTO `+f.table+` (scope, key, fingerprint, token, lease_expires_at, expires_at, checkpoint)
+			SELECT 's', $1 || i, 'f', 't' || i, `+r.lease+`, statement_timestamp() + interval '1 hour', `+r.checkpoint+`
+			FROM generate_series(1, $2) i`, r.prefix, r.n)
+	}
+	f.exec(t, "ANALYZE "+f.table)
+	stuck, held := f.store.StuckStatements()
+	for name, q := range map[string]string{"stuck": stuck, "held": held} {
+		plan := explain(t, f, "EXPLAIN "+strings.ReplaceAll(q, "$1", "100"))
+		if !strings.Contains(plan, "_checkpoint_idx") || strings.Contains(plan, "Seq Scan") {
+			t.Errorf("%s: the plan does not read the checkpoint index alone:\n%s", name, plan)
+		}
+	}
+	for held, want := range map[bool]int{false: 10, true: 5} {
+		got, err := f.store.Stuck(ctx, idemstore.StuckParams{Limit: 100, Held: held})
+		if err != nil || len(got) != want {
+			t.Errorf("Stuck(Held: %v) = %d records, %v; want %d", held, len(got), err, want)
+		}
+	}
+}
+
+// Completions of records without a recovery point and lease renewals are
+// heap-only updates (no index entry written), by pg_stat_user_tables of a
+// store on a one-connection pool, whose statistics it flushes.
+func TestCompletionsAreHeapOnly(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 1)
+	schema := freshSchema(t, pool)
+	s, err := pgstore.New(t.Context(), pool, &pgstore.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SET enable_seqscan = off"); err != nil {
-		t.Fatal(err)
-	}
-	var plan strings.Builder
-	rows, err := conn.Query(ctx, "EXPLAIN SELECT scope, key FROM "+f.store.Table()+
-		" WHERE token IS NOT NULL AND checkpoint IS NOT NULL AND lease_expires_at <= statement_timestamp() ORDER BY lease_expires_at LIMIT 10")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
+	const n = 40
+	for i := range n {
+		p := claimParams("scope", fmt.Sprint("k", i))
+		mustClaim(t, s, p, idemstore.ClaimAcquired)
+		if err := s.Renew(t.Context(), idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
-		plan.WriteString(line + "\n")
+		if err := s.Complete(t.Context(), completeParams(p, &idemstore.Response{StatusCode: 201, Body: []byte("ok")})); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if !strings.Contains(plan.String(), "_inflight_idx") {
-		t.Errorf("Stuck's query does not use the in-flight index:\n%s", plan.String())
+	// The backend flushes its statistics when it next goes idle: after
+	// this statement, before it answers the next.
+	if _, err := pool.Exec(t.Context(), "SELECT pg_stat_force_next_flush()"); err != nil {
+		t.Fatal(err)
+	}
+	var upd, hot int64
+	if err := pool.QueryRow(t.Context(), "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = $1::regclass",
+		s.Table()).Scan(&upd, &hot); err != nil {
+		t.Fatal(err)
+	}
+	if upd != 2*n || hot != upd {
+		t.Errorf("%d updates, %d of them heap-only; want %d, all heap-only", upd, hot, 2*n)
 	}
 }
 
@@ -648,9 +696,11 @@ func TestExpiresBRIN(t *testing.T) {
 		t.Fatalf("indexes after migration: BRIN %d, B-tree %d; want 1 and 0",
 			idx(pgstore.DefaultTable+"_expires_at_brin"), idx(pgstore.DefaultTable+"_expires_at_idx"))
 	}
-	// 50,000 live records in claim order, then analyse.
+	// 50,000 live records in claim order (the first expires in an hour,
+	// so that none expires before DeleteExpired on a loaded machine), then
+	// analyse.
 	if _, err := f.pool.Exec(ctx, "INSERT INTO "+f.store.Table()+` (scope, key, fingerprint, expires_at, response)
-		SELECT 's', 'k' || i, 'f', statement_timestamp() + i * interval '1 second', '\x00' FROM generate_series(1, 50000) i`); err != nil {
+		SELECT 's', 'k' || i, 'f', statement_timestamp() + interval '1 hour' + i * interval '1 second', '\x00' FROM generate_series(1, 50000) i`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.pool.Exec(ctx, "ANALYZE "+f.store.Table()); err != nil {

@@ -22,7 +22,8 @@ import (
 type Source interface {
 	// Summary counts the records in flight (by lease and suspension) and
 	// those expired awaiting cleanup, each up to SummaryCap, and finds the
-	// oldest in-flight lease, without reading every record.
+	// oldest in-flight lease. It reads every record only on PostgreSQL,
+	// which keeps no index of the records in flight (sqlSource).
 	Summary(ctx context.Context, now time.Time) (Summary, error)
 	// Total counts every record, expired or not (Exact false: an
 	// estimate). It may read the whole table; the console calls it in the

@@ -27,11 +27,20 @@ import (
 // Which index serves which listing:
 //
 //	no filter, scope, completed     the primary key (scope, key)
-//	in flight, suspended            the in-flight index (lease end, then scope, key)
+//	in flight, suspended, held      SQLite: the in-flight index (lease end, then scope, key)
+//	suspended, held                 PostgreSQL: the index of the records holding a
+//	                                recovery point (pgstore migration 5), then a sort
+//	in flight                       PostgreSQL: the table, read in full, keeping the
+//	                                page's rows by lease end (a top-N sort)
 //	expired, age (Query.Before)     the expiry index (expires_at, then scope, key)
 //
-// A second filter (a scope with a state, an age with a state) is checked
-// on the rows the index yields.
+// pgstore keeps no index of the records in flight, so that completions
+// are heap-only updates: the in-flight listing, the overview's in-flight
+// counts and its oldest lease read the whole table, bounded in what they
+// return (LIMIT), not in what they read. An operator who adds the index
+// docs/console.md names gets index reads from the same statements. A
+// second filter (a scope with a state, an age with a state) is checked on
+// the rows the index yields.
 type sqlSource struct {
 	d     dialect
 	table string
@@ -63,6 +72,9 @@ type dialect interface {
 	placeholder(n int) string
 	// anyOf returns the condition "col is one of the list" for list.
 	anyOf(b *argList, col string, list []string) string
+	// inFlightIndex names what serves the listing of state (in flight,
+	// suspended or held), for the page.
+	inFlightIndex(state State) string
 	// indexed returns the clause after the table's name that makes the
 	// query use the named index (inflight, expires or "" for the primary
 	// key): SQLite's planner has no statistics of the table and may
@@ -141,12 +153,19 @@ func (s *sqlSource) RefOf(string) (Ref, bool) { return Ref{}, false }
 
 func (s *sqlSource) ID(r Row) string { return RecordID(r.Scope, r.Key) }
 
-// Summary implements Source with bounded reads of the in-flight index and
-// the expiry index.
+// Summary implements Source: the expired count reads the expiry index; the
+// in-flight counts and the oldest lease read SQLite's in-flight index, and
+// PostgreSQL's table (see sqlSource). Each count stops at SummaryCap.
 func (s *sqlSource) Summary(ctx context.Context, now time.Time) (Summary, error) {
 	var sum Summary
 	q := s.summarySQL(now)
-	if err := s.one(ctx, q[0].stmt, q[0].args, &sum.InFlight, &sum.LeaseLive, &sum.Suspended); err != nil {
+	_, pg := s.d.(pgDialect)
+	if pg {
+		// One read of the table for the counts and the oldest lease.
+		if err := s.pgInFlight(ctx, q[3], &sum); err != nil {
+			return sum, fmt.Errorf("count in flight: %w", err)
+		}
+	} else if err := s.one(ctx, q[0].stmt, q[0].args, &sum.InFlight, &sum.LeaseLive, &sum.Suspended); err != nil {
 		return sum, fmt.Errorf("count in flight: %w", err)
 	}
 	sum.Abandoned = sum.InFlight - sum.LeaseLive - sum.Suspended
@@ -154,6 +173,11 @@ func (s *sqlSource) Summary(ctx context.Context, now time.Time) (Summary, error)
 		return sum, fmt.Errorf("count expired: %w", err)
 	}
 	sum.Capped = sum.InFlight >= SummaryCap || sum.Expired >= SummaryCap
+	if pg && sum.InFlight < SummaryCap {
+		// The count saw every record in flight, and so their oldest.
+		return sum, nil
+	}
+	sum.Oldest = nil
 	rs, err := s.d.query(ctx, q[2].stmt, q[2].args...)
 	if err != nil {
 		return sum, fmt.Errorf("oldest lease: %w", err)
@@ -175,10 +199,31 @@ type statement struct {
 	args []any
 }
 
+// pgInFlight reads the in-flight counts and the oldest of the records
+// counted into sum, with q (summarySQL's fourth statement): one row, the
+// oldest, carrying the counts; none when nothing is in flight.
+func (s *sqlSource) pgInFlight(ctx context.Context, q statement, sum *Summary) error {
+	rs, err := s.d.query(ctx, q.stmt, q.args...)
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	if rs.Next() {
+		r, err := s.scanRow(rs, &sum.InFlight, &sum.LeaseLive, &sum.Suspended)
+		if err != nil {
+			return err
+		}
+		sum.Oldest = &r
+	}
+	return rs.Err()
+}
+
 // summarySQL returns Summary's queries: the in-flight counts, the expired
-// count and the oldest lease.
-func (s *sqlSource) summarySQL(now time.Time) [3]statement {
-	var out [3]statement
+// count, the oldest lease and, on PostgreSQL, the in-flight counts with
+// the oldest of the records counted, in one read of the table (the
+// oldest lease's statement then runs only when the count was capped).
+func (s *sqlSource) summarySQL(now time.Time) [4]statement {
+	var out [4]statement
 	b := &argList{d: s.d}
 	nowSQL := s.d.now(b, now)
 	out[0] = statement{`SELECT count(*), coalesce(sum(CASE WHEN lease > ` + nowSQL + ` THEN 1 ELSE 0 END), 0),
@@ -193,6 +238,16 @@ func (s *sqlSource) summarySQL(now time.Time) [3]statement {
 	nowSQL = s.d.now(b, now)
 	out[2] = statement{`SELECT ` + s.columns() + ` FROM ` + s.table + s.d.indexed(s.table, "inflight") + ` WHERE ` + s.d.inFlight() +
 		` AND expires_at > ` + nowSQL + ` ORDER BY ` + s.d.lease() + ` LIMIT 1`, b.args}
+	if _, ok := s.d.(pgDialect); ok {
+		// The columns of a Row (scanRow), then the counts over every
+		// row the subquery read.
+		out[3] = statement{`SELECT scope, key, fingerprint, true, lease_expires_at, expires_at, 0, cp, fence,
+		count(*) OVER (), sum(CASE WHEN lease_expires_at > statement_timestamp() THEN 1 ELSE 0 END) OVER (),
+		sum(CASE WHEN lease_expires_at <= statement_timestamp() AND cp THEN 1 ELSE 0 END) OVER ()
+		FROM (SELECT scope, key, fingerprint, lease_expires_at, expires_at, checkpoint IS NOT NULL AS cp, fence FROM ` + s.table +
+			` WHERE ` + s.d.inFlight() + ` AND expires_at > statement_timestamp() LIMIT ` + strconv.Itoa(SummaryCap) + `) AS f
+		ORDER BY lease_expires_at LIMIT 1`, nil}
+	}
 	return out
 }
 
@@ -283,14 +338,14 @@ func (s *sqlSource) listSQL(q Query, now time.Time) (stmt string, args []any, so
 	var hint string
 	switch {
 	case q.State == StateInFlight || q.State == StateSuspended || q.State == StateHeld:
-		sortCol, index, hint = s.d.lease(), "in-flight index ("+s.d.lease()+")", "inflight"
+		sortCol, index, hint = s.d.lease(), s.d.inFlightIndex(q.State), "inflight"
 		where = append(where, s.d.inFlight(), "expires_at > "+nowSQL)
 		switch q.State {
 		case StateSuspended:
 			where = append(where, "checkpoint IS NOT NULL", s.d.lease()+" <= "+nowSQL)
 		case StateHeld:
 			// A held record's lease ends at the Unix epoch: the first
-			// rows of the in-flight index.
+			// rows of SQLite's in-flight index.
 			where = append(where, "checkpoint IS NOT NULL", s.d.lease()+" = "+b.add(s.d.timeArg(time.Unix(0, 0))))
 		}
 	case q.State == StateExpired:
@@ -523,6 +578,8 @@ func (sqliteDialect) size() string                         { return "coalesce(le
 func (sqliteDialect) scanTime() timeScanner                { return new(nanoTime) }
 func (sqliteDialect) placeholder(n int) string             { return "?" + strconv.Itoa(n) }
 
+func (sqliteDialect) inFlightIndex(State) string { return "in-flight index (lease_until)" }
+
 func (sqliteDialect) indexed(table, index string) string {
 	switch index {
 	case "inflight":
@@ -571,6 +628,13 @@ func (pgDialect) scanTime() timeScanner          { return new(pgTime) }
 func (pgDialect) placeholder(n int) string       { return "$" + strconv.Itoa(n) }
 
 func (pgDialect) indexed(string, string) string { return "" }
+
+func (pgDialect) inFlightIndex(st State) string {
+	if st == StateInFlight {
+		return "records table, read in full unless the optional in-flight index exists (docs/console.md)"
+	}
+	return "index of the records holding a recovery point (checkpoint)"
+}
 
 func (pgDialect) anyOf(b *argList, col string, list []string) string {
 	return col + " = ANY(" + b.add(list) + ")"
