@@ -294,7 +294,7 @@ func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 
 // owned runs a script that acts only for the owner token (the first of
 // args) and replies 1 if it did, 0 if the token does not own the record.
-func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scope, key string, args ...any) error {
+func (s *Store) owned(ctx context.Context, op string, script *script, scope, key string, args ...any) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}
