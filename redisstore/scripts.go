@@ -19,10 +19,18 @@ import (
 //	n  the fence of the last claim: Redis clock microseconds, kept growing
 //
 // The key expires at e (PEXPIREAT), so Redis deletes the record when its
-// retention ends. Every transition is one script in lua/, which reads the
-// time with TIME: every lease and retention decision is made by the one
-// Redis clock. Numbers are written with string.format('%d'), because Lua's
-// default number-to-string conversion keeps only 14 significant digits.
+// retention ends. Every transition is one script in lua/, and every lease
+// and retention decision is made by the one Redis clock: a script reads it
+// with TIME where it starts or checks a lease (a claim of a new or
+// in-flight key, a renewal), and otherwise relies on Redis's own expiry,
+// which hides a key from a script once its retention ended before the
+// script started (a replay, a completion, a release). Numbers are written
+// with string.format('%d'), because Lua's default number-to-string
+// conversion keeps only 14 significant digits.
+//
+// The format is that of v0.2.0: instances of both versions share records
+// during a rolling upgrade (TestRollingUpgrade runs v0.2.0's scripts,
+// kept in testdata/v0.2.0, against this version's).
 //
 // The scripts are sent by SHA-1 (EVALSHA), falling back to EVAL, which
 // also loads the script, when Redis answers NOSCRIPT.
