@@ -30,11 +30,13 @@
 //
 // Every store call is one Lua script (run by EVALSHA, falling back to EVAL
 // when Redis has not seen the script), so each transition is a single
-// atomic step on the server. Scripts read the Redis server's clock (TIME)
-// for every lease and retention decision and ignore the Now passed in the
-// parameters: instances with skewed clocks cannot steal each other's leases
-// or see records expire early. Requires Redis 5.0 or later (scripts that
-// call TIME before writing need effects replication, the default since 5.0).
+// atomic step on the server: a first execution costs two round trips (claim,
+// complete), a replay one. Every lease and retention decision is made by
+// the Redis server's clock (TIME, and the key's Redis expiry), never by
+// the Now passed in the parameters: instances with skewed clocks cannot
+// steal each other's leases or see records expire early. Requires Redis
+// 5.0 or later (scripts that call TIME before writing need effects
+// replication, the default since 5.0).
 //
 // # Keys and retention
 //

@@ -157,68 +157,98 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 	if err != nil {
 		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	r, err := parseClaim(v)
+	r, err := parseClaim(v, p.Fingerprint, lease, ttl)
 	if err != nil {
 		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	return r, nil
 }
 
-// parseClaim turns claimScript's reply into a ClaimResult.
-func parseClaim(v []any) (idemstore.ClaimResult, error) {
-	if len(v) < 5 {
-		return idemstore.ClaimResult{}, fmt.Errorf("unexpected script reply of %d elements", len(v))
+// parseClaim turns claimScript's reply into a ClaimResult. fp, leaseMs
+// and ttlMs are the claim's arguments: the reply repeats the fingerprint
+// only for a mismatch, and gives a new key's lease end and expiry by its
+// fence (see lua/claim.lua).
+func parseClaim(v []any, fp string, leaseMs, ttlMs int64) (idemstore.ClaimResult, error) {
+	num := func(i int) (int64, bool) {
+		if i >= len(v) {
+			return 0, false
+		}
+		n, ok := v[i].(int64)
+		return n, ok
 	}
-	outcome, ok1 := v[0].(int64)
-	took, ok2 := v[1].(int64)
-	lease, ok3 := v[2].(int64)
-	exp, ok4 := v[3].(int64)
-	fp, ok5 := v[4].(string)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
-		return idemstore.ClaimResult{}, fmt.Errorf("unexpected script reply %T %T %T %T %T", v[0], v[1], v[2], v[3], v[4])
+	outcome, ok := num(0)
+	if !ok {
+		return idemstore.ClaimResult{}, fmt.Errorf("unexpected script reply %v", v)
 	}
-	r := idemstore.ClaimResult{
-		TookOver: took == 1,
-		Record: idemstore.Record{
-			State:       idemstore.StateInFlight,
-			Fingerprint: fp,
-			ExpiresAt:   time.UnixMilli(exp).UTC(),
-		},
-	}
+	var r idemstore.ClaimResult
+	r.Record.State, r.Record.Fingerprint = idemstore.StateInFlight, fp
+	var lease, exp int64
 	switch outcome {
 	case claimAcquired:
-		r.Outcome = idemstore.ClaimAcquired
-		if len(v) > 5 {
-			r.Record.Fence, _ = v[5].(int64)
+		if len(v) == 2 { // {1, fence}: a new key, whose fence is the Redis clock in µs
+			fence, ok := num(1)
+			if !ok {
+				return idemstore.ClaimResult{}, fmt.Errorf("unexpected acquired reply %v", v)
+			}
+			now := fence / 1000
+			r.Outcome, r.Record.Fence = idemstore.ClaimAcquired, fence
+			lease, exp = now+leaseMs, now+ttlMs
+			break
 		}
-	case claimInFlight:
+		// {1, took over, lease end, expires at, fence}
+		took, ok1 := num(1)
+		l, ok2 := num(2)
+		e, ok3 := num(3)
+		fence, ok4 := num(4)
+		if !ok1 || !ok2 || !ok3 || !ok4 {
+			return idemstore.ClaimResult{}, fmt.Errorf("unexpected acquired reply %v", v)
+		}
+		r.Outcome, r.TookOver, r.Record.Fence = idemstore.ClaimAcquired, took == 1, fence
+		lease, exp = l, e
+	case claimInFlight: // {3, lease end, expires at}
+		l, ok1 := num(1)
+		e, ok2 := num(2)
+		if !ok1 || !ok2 {
+			return idemstore.ClaimResult{}, fmt.Errorf("unexpected in-flight reply %v", v)
+		}
 		r.Outcome = idemstore.ClaimInFlight
-	case claimMismatch:
-		r.Outcome = idemstore.ClaimMismatch
+		lease, exp = l, e
+	case claimMismatch: // {4, lease end or 0, expires at, fingerprint}
+		l, ok1 := num(1)
+		e, ok2 := num(2)
+		var stored string
+		if len(v) > 3 {
+			stored, ok = v[3].(string)
+		}
+		if !ok1 || !ok2 || !ok {
+			return idemstore.ClaimResult{}, fmt.Errorf("unexpected mismatch reply %v", v)
+		}
+		r.Outcome, r.Record.Fingerprint = idemstore.ClaimMismatch, stored
+		lease, exp = l, e
 		if lease == 0 {
 			r.Record.State = idemstore.StateCompleted
 		}
-	case claimCompleted:
-		r.Outcome, r.Record.State = idemstore.ClaimCompleted, idemstore.StateCompleted
-		enc, ok := "", false
-		if len(v) > 5 {
-			enc, ok = v[5].(string)
+	case claimCompleted: // {2, expires at, encoded response}
+		e, ok1 := num(1)
+		var enc string
+		if len(v) > 2 {
+			enc, ok = v[2].(string)
 		}
-		if !ok {
+		if !ok1 || !ok {
 			return idemstore.ClaimResult{}, errors.New("completed record without a response")
 		}
 		resp := new(idemstore.Response)
 		if err := resp.UnmarshalBinary([]byte(enc)); err != nil {
 			return idemstore.ClaimResult{}, fmt.Errorf("stored response: %w", err)
 		}
-		r.Record.Response = resp
-		return r, nil
+		r.Outcome, r.Record.State, r.Record.Response = idemstore.ClaimCompleted, idemstore.StateCompleted, resp
+		exp = e
 	default:
 		return idemstore.ClaimResult{}, fmt.Errorf("unknown claim outcome %d", outcome)
 	}
-	r.Record.LeaseExpiresAt = time.UnixMilli(lease).UTC()
-	if r.Record.State == idemstore.StateCompleted {
-		r.Record.LeaseExpiresAt = time.Time{}
+	r.Record.ExpiresAt = time.UnixMilli(exp).UTC()
+	if r.Record.State == idemstore.StateInFlight {
+		r.Record.LeaseExpiresAt = time.UnixMilli(lease).UTC()
 	}
 	return r, nil
 }
@@ -264,7 +294,7 @@ func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
 
 // owned runs a script that acts only for the owner token (the first of
 // args) and replies 1 if it did, 0 if the token does not own the record.
-func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scope, key string, args ...any) error {
+func (s *Store) owned(ctx context.Context, op string, script *script, scope, key string, args ...any) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}

@@ -1,7 +1,10 @@
 package redisstore
 
 import (
+	"context"
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -16,13 +19,21 @@ import (
 //	n  the fence of the last claim: Redis clock microseconds, kept growing
 //
 // The key expires at e (PEXPIREAT), so Redis deletes the record when its
-// retention ends. Every transition is one script in lua/, which reads the
-// time with TIME: every lease and retention decision is made by the one
-// Redis clock. Numbers are written with string.format('%d'), because Lua's
-// default number-to-string conversion keeps only 14 significant digits.
+// retention ends. Every transition is one script in lua/, and every lease
+// and retention decision is made by the one Redis clock: a script reads it
+// with TIME where it starts or checks a lease (a claim of a new or
+// in-flight key, a renewal), and otherwise relies on Redis's own expiry,
+// which hides a key from a script once its retention ended before the
+// script started (a replay, a completion, a release). Numbers are written
+// with string.format('%d'), because Lua's default number-to-string
+// conversion keeps only 14 significant digits.
 //
-// The scripts are sent by SHA-1 (EVALSHA); redis.Script.Run falls back to
-// EVAL, which also loads the script, when Redis answers NOSCRIPT.
+// The format is that of v0.2.0: instances of both versions share records
+// during a rolling upgrade (TestRollingUpgrade runs v0.2.0's scripts,
+// kept in testdata/v0.2.0, against this version's).
+//
+// The scripts are sent by SHA-1 (EVALSHA), falling back to EVAL, which
+// also loads the script, when Redis answers NOSCRIPT.
 var (
 	//go:embed lua/claim.lua
 	claimSource string
@@ -33,11 +44,49 @@ var (
 	//go:embed lua/release.lua
 	releaseSource string
 
-	claimScript    = redis.NewScript(claimSource)
-	renewScript    = redis.NewScript(renewSource)
-	completeScript = redis.NewScript(completeSource)
-	releaseScript  = redis.NewScript(releaseSource)
+	claimScript    = newScript(claimSource)
+	renewScript    = newScript(renewSource)
+	completeScript = newScript(completeSource)
+	releaseScript  = newScript(releaseSource)
 )
+
+// script is a Lua script on one key, run as redis.Script.Run runs one:
+// EVALSHA, then EVAL when Redis answers NOSCRIPT. It builds the command
+// itself, with its SHA-1 boxed once, which saves the key slice, the
+// SHA-1's boxing, a lock and a copy of the arguments on every call (two
+// to three allocations of a store call; redisstore/BENCHMARKS.md).
+type script struct {
+	src  string
+	hash any // the hex SHA-1 of src, a string
+}
+
+func newScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, hash: hex.EncodeToString(sum[:])}
+}
+
+// processor is what runs a command: a redis.UniversalClient, or the
+// *redis.Conn that WAIT needs.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// run runs the script on key with args (which it does not keep).
+func (sc *script) run(ctx context.Context, c processor, key string, args ...any) *redis.Cmd {
+	a := make([]any, 4+len(args))
+	a[0], a[1], a[2], a[3] = "evalsha", sc.hash, 1, key
+	copy(a[4:], args)
+	cmd := redis.NewCmd(ctx, a...)
+	cmd.SetFirstKeyPos(3) // the key decides the Cluster slot
+	_ = c.Process(ctx, cmd)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		a[0], a[1] = "eval", sc.src
+		cmd = redis.NewCmd(ctx, a...)
+		cmd.SetFirstKeyPos(3)
+		_ = c.Process(ctx, cmd)
+	}
+	return cmd
+}
 
 // Outcome codes of lua/claim.lua.
 const (

@@ -25,9 +25,9 @@ var ErrNotReplicated = errors.New("redisstore: write not acknowledged by enough 
 // counts the replicas that acknowledged the writes of its own connection,
 // so both must share one), and fails with ErrNotReplicated when too few
 // replicas acknowledged in time.
-func (s *Store) run(ctx context.Context, script *redis.Script, key string, args ...any) (cmd *redis.Cmd) {
+func (s *Store) run(ctx context.Context, script *script, key string, args ...any) (cmd *redis.Cmd) {
 	if s.waitReplicas == 0 {
-		return script.Run(ctx, s.client, []string{key}, args...)
+		return script.run(ctx, s.client, key, args...)
 	}
 	fail := func(err error) *redis.Cmd {
 		c := redis.NewCmd(ctx)
@@ -54,7 +54,7 @@ func (s *Store) run(ctx context.Context, script *redis.Script, key string, args 
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	if cmd = script.Run(ctx, conn, []string{key}, args...); cmd.Err() != nil {
+	if cmd = script.run(ctx, conn, key, args...); cmd.Err() != nil {
 		return cmd
 	}
 	n, err := conn.Wait(ctx, s.waitReplicas, s.waitTimeout).Result()

@@ -1,50 +1,72 @@
 -- Claim (scope, key). KEYS[1]: the record.
 -- ARGV: fingerprint, owner token, lease ms, retention ms.
--- Reply: {outcome, took over (0/1), lease end ms, expires at ms, fingerprint
--- [, encoded response | fence]}; outcomes 1 acquired (with the fence),
--- 2 completed (with the response), 3 in flight, 4 mismatch. Times are the
--- Redis clock's Unix milliseconds.
+-- Reply, by outcome (times are the Redis clock's Unix milliseconds):
+--   {1, fence}                                           acquired a new key
+--   {1, took over (0/1), lease end, expires at, fence}   acquired a key that had a record
+--   {2, expires at, encoded response}                    completed
+--   {3, lease end, expires at}                           in flight
+--   {4, lease end (0 if completed), expires at, fingerprint}   mismatch
+-- Outcomes 1-3 carry no fingerprint: it is ARGV[1]. The fence of a new
+-- key is the Redis clock in microseconds, so its lease end and expiry are
+-- fence // 1000 + ARGV[3] and + ARGV[4]: the reply leaves them out.
 --
 -- The fence (field n) is the Redis clock in microseconds, or the record's
 -- previous fence plus one if that is not greater: it grows with every claim
 -- of the key, also across releases and expiry, as long as the Redis clock
 -- does not go back.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local v = redis.call('HMGET', KEYS[1], 'f', 'l', 'e', 'n')
+--
+-- Every Lua call costs (Redis spends more on this script's Lua than on
+-- its commands): one HMGET reads everything an answer needs, the response
+-- included (a completed record has no lease, an in-flight one no
+-- response); strings become numbers by arithmetic, not tonumber; numbers
+-- become strings by string.format('%d'), because Lua's own conversion
+-- keeps only 14 significant digits (and is slower).
+local v = redis.call('HMGET', KEYS[1], 'f', 'l', 'e', 'n', 'r')
 local fp, lease, exp = v[1], v[2], v[3]
-local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if tonumber(v[4]) and tonumber(v[4]) >= fence then
-  fence = tonumber(v[4]) + 1
-end
--- Redis fixes the expiry time a script sees when it starts, so a record
--- whose retention ends during the script is still visible: ask the clock.
-if fp and tonumber(exp) and now >= tonumber(exp) then
-  redis.call('DEL', KEYS[1])
-  fp = false
-end
-local took = 0
+-- Redis checks a key's expiry against the time the script started, so a
+-- record the script sees was live then: a mismatch or a completed record
+-- is answered as of that moment, without reading the clock.
 if fp then
   if fp ~= ARGV[1] then
-    return {4, 0, tonumber(lease) or 0, tonumber(exp) or 0, fp}
+    return {4, tonumber(lease) or 0, tonumber(exp) or 0, fp}
   end
   if not lease then
-    -- Completed: only now read the response.
-    return {2, 0, 0, tonumber(exp) or 0, fp, redis.call('HGET', KEYS[1], 'r')}
+    return {2, tonumber(exp) or 0, v[5]}
   end
-  if now < tonumber(lease) then
-    return {3, 0, tonumber(lease), tonumber(exp) or 0, fp}
-  end
-  took = 1 -- the owner's lease ran out: take the record over
 end
-local l = now + tonumber(ARGV[3])
-local e = now + tonumber(ARGV[4])
-if took == 1 and tonumber(exp) then
-  -- A take-over keeps the record's retention: it never extends it.
-  e = tonumber(exp)
+local t = redis.call('TIME')
+local fence = t[1] * 1000000 + t[2]
+local now = (fence - fence % 1000) / 1000
+local l = now + ARGV[3]
+local e = now + ARGV[4]
+if not fp then
+  local es = string.format('%d', e)
+  redis.call('HSET', KEYS[1], 'f', ARGV[1], 't', ARGV[2],
+    'l', string.format('%d', l), 'e', es, 'n', string.format('%d', fence))
+  redis.call('PEXPIREAT', KEYS[1], es)
+  return {1, fence}
 end
+-- The key holds an in-flight record with this fingerprint.
+local n = tonumber(v[4])
+if n and n >= fence then
+  fence = n + 1
+end
+local took = 1
+exp = tonumber(exp)
+if exp and now >= exp then
+  -- Its retention ended while the script ran (it is visible, see above):
+  -- by the clock it is gone, and the key is claimed anew.
+  redis.call('DEL', KEYS[1])
+  took = 0
+elseif now < tonumber(lease) then
+  return {3, tonumber(lease), exp or 0}
+elseif exp then
+  -- The owner's lease ran out: take the record over. A take-over keeps
+  -- the record's retention: it never extends it.
+  e = exp
+end
+local es = string.format('%d', e)
 redis.call('HSET', KEYS[1], 'f', ARGV[1], 't', ARGV[2],
-  'l', string.format('%d', l), 'e', string.format('%d', e), 'n', string.format('%d', fence))
-redis.call('PEXPIREAT', KEYS[1], string.format('%d', e))
-return {1, took, l, e, ARGV[1], fence}
+  'l', string.format('%d', l), 'e', es, 'n', string.format('%d', fence))
+redis.call('PEXPIREAT', KEYS[1], es)
+return {1, took, l, e, fence}

@@ -1,11 +1,7 @@
 -- Release. KEYS[1]: the record. ARGV: owner token.
 -- Reply: 1 if the record was deleted, 0 if the token does not own a live,
--- in-flight record.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local v = redis.call('HMGET', KEYS[1], 't', 'e')
-if v[1] ~= ARGV[1] or not tonumber(v[2]) or now >= tonumber(v[2]) then
+-- in-flight record. As in complete.lua, the token is the whole check.
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
