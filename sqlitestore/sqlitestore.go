@@ -51,6 +51,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -291,18 +292,18 @@ const (
 // connection, and the writer has only one.
 type statements struct {
 	get, getRead, claim, takeOver, renew, complete, release, deleteExpired *sql.Stmt
-	nextFence, saveCheckpoint, endLease, stuck                             *sql.Stmt
+	nextFence, saveCheckpoint, endLease, stuck, put                        *sql.Stmt
 }
 
 func (st *statements) all() []*sql.Stmt {
 	return []*sql.Stmt{st.get, st.getRead, st.claim, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired,
-		st.nextFence, st.saveCheckpoint, st.endLease, st.stuck}
+		st.nextFence, st.saveCheckpoint, st.endLease, st.stuck, st.put}
 }
 
 // sqlTexts are the statements of a Store, for its table.
 type sqlTexts struct {
 	get, claim, takeOver, renew, complete, release, deleteExpired string
-	nextFence, saveCheckpoint, endLease, stuck                    string
+	nextFence, saveCheckpoint, endLease, stuck, put               string
 }
 
 func newSQLTexts(t string) sqlTexts {
@@ -316,6 +317,14 @@ func newSQLTexts(t string) sqlTexts {
 			VALUES (?, ?, ?, 1, ?, ?, ?, NULL, (SELECT n FROM ` + t + `_fence WHERE id = 1), NULL)
 			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
 				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL,
+				fence = excluded.fence, checkpoint = NULL
+			WHERE ` + t + `.expires_at <= ?`,
+		// Writes a ClaimTx claim's record (pendingClaim) in the given
+		// state, replacing an expired record as claim does.
+		put: `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response, fence, checkpoint)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)
+			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = excluded.state, token = excluded.token,
+				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = excluded.response,
 				fence = excluded.fence, checkpoint = NULL
 			WHERE ` + t + `.expires_at <= ?`,
 		// A take-over keeps the record's retention: it never extends it.
@@ -358,6 +367,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.st.saveCheckpoint, s.sql.saveCheckpoint},
 		{&s.st.endLease, s.sql.endLease},
 		{&s.st.stuck, s.sql.stuck},
+		{&s.st.put, s.sql.put},
 	}
 	for _, w := range writes {
 		st, err := s.writer.PrepareContext(ctx, w.text)
@@ -505,8 +515,10 @@ const takeOverWait = 100 * time.Millisecond
 // record in one statement; only if a live record is there is it read, to
 // answer or to take it over.
 //
-// With keepOpen, a claim that inserted a record returns its transaction
-// uncommitted (ClaimTx); a take-over commits as without it.
+// With keepOpen (ClaimTx), the record is read instead; a claim of an
+// absent or expired record returns its transaction uncommitted, with the
+// record not written yet (the caller's pendingClaim); a take-over commits
+// as without it.
 func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now int64, keepOpen bool) (res idemstore.ClaimResult, open *sql.Tx, err error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
@@ -524,38 +536,45 @@ func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now in
 	if err := tx.StmtContext(ctx, s.st.nextFence).QueryRowContext(ctx).Scan(&res.Record.Fence); err != nil {
 		return idemstore.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
 	}
-	n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
+	var r row
+	var found bool
+	if keepOpen {
+		// The record is written when the claim's transaction first needs
+		// it (see pendingClaim): usually as completed, by Complete.
+		if r, found, err = get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key); err != nil {
+			return idemstore.ClaimResult{}, nil, err
+		}
+		if !found || now >= r.expiresAt {
+			return res, tx, nil
+		}
+	} else {
+		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
+		if err != nil {
+			return idemstore.ClaimResult{}, nil, err
+		}
+		if n == 1 {
+			return res, nil, tx.Commit()
+		}
+		if r, found, err = get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key); err != nil {
+			return idemstore.ClaimResult{}, nil, err
+		}
+	}
+	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
+		return res, nil, err
+	}
+	// An in-flight record with the same fingerprint whose lease ended.
+	var kept int64
+	err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, p.Scope, p.Key, p.Fingerprint, now, now).
+		Scan(&res.Record.Checkpoint, &kept)
+	res.Record.ExpiresAt = nanos(kept)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idemstore.ClaimResult{}, nil, errors.New("take-over changed no row under the write lock")
+	}
 	if err != nil {
 		return idemstore.ClaimResult{}, nil, err
 	}
-	if n == 1 && keepOpen {
-		return res, tx, nil
-	}
-	if n != 1 {
-		r, found, err := get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key)
-		if err != nil {
-			return idemstore.ClaimResult{}, nil, err
-		}
-		if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
-			return res, nil, err
-		}
-		// An in-flight record with the same fingerprint whose lease ended.
-		var kept int64
-		err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, p.Scope, p.Key, p.Fingerprint, now, now).
-			Scan(&res.Record.Checkpoint, &kept)
-		res.Record.ExpiresAt = nanos(kept)
-		if errors.Is(err, sql.ErrNoRows) {
-			return idemstore.ClaimResult{}, nil, errors.New("take-over changed no row under the write lock")
-		}
-		if err != nil {
-			return idemstore.ClaimResult{}, nil, err
-		}
-		res.TookOver = true
-	}
-	if err := tx.Commit(); err != nil {
-		return idemstore.ClaimResult{}, nil, err
-	}
-	return res, nil, nil
+	res.TookOver = true
+	return res, nil, tx.Commit()
 }
 
 // ClaimTx implements idemstore.TxClaimer (Config.ClaimInTx). Duplicates are
@@ -582,7 +601,30 @@ func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore
 	if tx == nil {
 		return res, nil, nil
 	}
-	return res, &storeTx{s: s, tx: tx}, nil
+	return res, &storeTx{s: s, tx: tx, pending: &pendingClaim{
+		scope: p.Scope, key: p.Key, fingerprint: p.Fingerprint, token: p.Token,
+		claimedAt: p.Now.UnixNano(), lease: res.Record.LeaseExpiresAt.UnixNano(), expires: res.Record.ExpiresAt.UnixNano(),
+		fence: res.Record.Fence,
+	}}, nil
+}
+
+// pendingClaim is a claim made by ClaimTx whose record is not written yet.
+// Nobody sees an uncommitted claim, and the transaction holds the file's
+// write lock, so nothing can take the key meanwhile: the record is written
+// once, when the transaction first needs it. Complete then inserts it
+// completed, so that a first execution writes the record's pages once and
+// never enters (and leaves) the index of in-flight records. SaveCheckpoint,
+// Native and a Commit without Complete write it in flight first, as
+// ClaimTx used to.
+type pendingClaim struct {
+	scope, key, fingerprint, token   string
+	claimedAt, lease, expires, fence int64
+}
+
+// is reports whether the parameters name the pending claim's record and
+// owner.
+func (c *pendingClaim) is(scope, key, token string) bool {
+	return c != nil && c.scope == scope && c.key == key && c.token == token
 }
 
 func execRows(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
@@ -631,17 +673,26 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idemstore.Complete
 }
 
 func (s *Store) complete(ctx context.Context, tx *sql.Tx, p idemstore.CompleteParams) error {
+	enc, err := s.encode(p)
+	if err != nil {
+		return err
+	}
+	return fenced(ctx, in(ctx, tx, s.st.complete), "complete", enc, p.Scope, p.Key, p.Token, p.Now.UnixNano())
+}
+
+// encode returns the stored form of p's response, within the size limit.
+func (s *Store) encode(p idemstore.CompleteParams) ([]byte, error) {
 	if p.Response == nil {
-		return errors.New("sqlitestore: complete needs a response")
+		return nil, errors.New("sqlitestore: complete needs a response")
 	}
 	if n := p.Response.EncodedSize(); n > s.maxLen {
-		return fmt.Errorf("sqlitestore: complete: %d-byte response over the %d-byte limit: %w", n, s.maxLen, idemstore.ErrResponseTooLarge)
+		return nil, fmt.Errorf("sqlitestore: complete: %d-byte response over the %d-byte limit: %w", n, s.maxLen, idemstore.ErrResponseTooLarge)
 	}
 	enc, err := p.Response.MarshalBinary()
 	if err != nil {
-		return fmt.Errorf("sqlitestore: complete: %w", err)
+		return nil, fmt.Errorf("sqlitestore: complete: %w", err)
 	}
-	return fenced(ctx, in(ctx, tx, s.st.complete), "complete", enc, p.Scope, p.Key, p.Token, p.Now.UnixNano())
+	return enc, nil
 }
 
 // Release implements idemstore.Store.
@@ -738,24 +789,99 @@ func (s *Store) BeginTx(ctx context.Context) (idemstore.Tx, error) {
 type storeTx struct {
 	s  *Store
 	tx *sql.Tx
+
+	// mu guards pending: the core renews from its own goroutine.
+	mu      sync.Mutex
+	pending *pendingClaim // ClaimTx's record, until it is written
 }
 
 func (t *storeTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.pending; c.is(p.Scope, p.Key, p.Token) {
+		enc, err := t.s.encode(p)
+		if err != nil {
+			return err
+		}
+		if p.Now.UnixNano() >= c.expires {
+			return fmt.Errorf("sqlitestore: complete: %w", idemstore.ErrLeaseLost)
+		}
+		if err := t.put(ctx, stateCompleted, nil, enc); err != nil {
+			return fmt.Errorf("sqlitestore: complete: %w", err)
+		}
+		return nil
+	}
+	if err := t.materialize(ctx); err != nil {
+		return err
+	}
 	return t.s.complete(ctx, t.tx, p)
+}
+
+// put writes the pending claim's record in state st, and forgets the
+// claim. It replaces an expired record of the key, as the claim
+// statement does; anything else there is an error (the write lock was
+// held since the claim read the key).
+func (t *storeTx) put(ctx context.Context, st int, token any, response []byte) error {
+	c := t.pending
+	n, err := execRows(ctx, t.tx.StmtContext(ctx, t.s.st.put), c.scope, c.key, c.fingerprint, st, token, c.lease, c.expires, response, c.fence, c.claimedAt)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return errors.New("the claimed key changed under the write lock")
+	}
+	t.pending = nil
+	return nil
+}
+
+// materialize writes the pending claim's record in flight, if there is
+// one, so that statements on the transaction see it; t.mu is held.
+func (t *storeTx) materialize(ctx context.Context) error {
+	if t.pending == nil {
+		return nil
+	}
+	if err := t.put(ctx, stateInFlight, t.pending.token, nil); err != nil {
+		return fmt.Errorf("sqlitestore: write the claim: %w", err)
+	}
+	return nil
 }
 
 // SaveCheckpoint implements idemstore.CheckpointTx.
 func (t *storeTx) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.materialize(ctx); err != nil {
+		return err
+	}
 	return t.s.saveCheckpoint(ctx, t.tx, p)
 }
 
 // Renew renews inside the transaction: it holds the file's write lock, so
-// a renewal on another connection would wait for it to end.
+// a renewal on another connection would wait for it to end. A pending
+// claim's renewal only moves the lease end it will be written with.
 func (t *storeTx) Renew(ctx context.Context, p idemstore.RenewParams) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.pending; c.is(p.Scope, p.Key, p.Token) {
+		if p.Now.UnixNano() >= c.expires {
+			return fmt.Errorf("sqlitestore: renew: %w", idemstore.ErrLeaseLost)
+		}
+		c.lease = p.Now.Add(p.Lease).UnixNano()
+		return nil
+	}
 	return t.s.renew(ctx, t.tx, p)
 }
 
-func (t *storeTx) Commit(context.Context) error {
+// Commit commits the transaction; a claim neither completed nor written
+// yet is written in flight first, as ClaimTx promises.
+func (t *storeTx) Commit(ctx context.Context) error {
+	t.mu.Lock()
+	err := t.materialize(ctx)
+	t.mu.Unlock()
+	if err != nil {
+		t.tx.Rollback()
+		return err
+	}
 	if err := t.tx.Commit(); err != nil {
 		return fmt.Errorf("sqlitestore: commit: %w", err)
 	}
@@ -763,13 +889,26 @@ func (t *storeTx) Commit(context.Context) error {
 }
 
 func (t *storeTx) Rollback(context.Context) error {
+	t.mu.Lock()
+	t.pending = nil
+	t.mu.Unlock()
 	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return fmt.Errorf("sqlitestore: rollback: %w", err)
 	}
 	return nil
 }
 
-func (t *storeTx) Native() any { return t.tx }
+// Native returns the *sql.Tx. It writes a pending claim's record first,
+// so that what the caller does with the transaction (CompleteTx, its own
+// queries) sees the in-flight record.
+func (t *storeTx) Native() any {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// An error here leaves the claim pending; Complete and Commit try
+	// again and report it.
+	_ = t.materialize(context.Background())
+	return t.tx
+}
 
 // Tx returns the transaction of the idempotent execution ctx belongs to,
 // beginning it on first use (see the package documentation for what that
