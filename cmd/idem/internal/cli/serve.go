@@ -136,12 +136,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var repo payments.Repo
 	var evs eventsRun
 	switch {
+	// With the records in the same transaction, the payments table needs
+	// no unique index on (tenant, idempotency_key); with records
+	// elsewhere, it does (Migrate adds or drops it).
 	case dbStore.SQLite != nil:
-		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
+		repo = payments.SQLiteRepo{Store: dbStore.SQLite, SameTx: sameDB}
 	case dbStore.MySQL != nil:
-		repo = payments.MySQLRepo{DB: dbStore.MySQL}
+		repo = payments.MySQLRepo{DB: dbStore.MySQL, SameTx: sameDB}
 	default:
-		repo = payments.PostgresRepo{Pool: dbStore.PG}
+		repo = payments.PostgresRepo{Pool: dbStore.PG, SameTx: sameDB}
 	}
 	if err := repo.Migrate(ctx); err != nil {
 		logger.Error("cannot use the payments table", "error", err)

@@ -66,7 +66,7 @@ func framesPerPayment(t testing.TB, warm, n int) float64 {
 	if _, err := store.DB().ExecContext(ctx, `PRAGMA wal_autocheckpoint = 0`); err != nil {
 		t.Fatal(err)
 	}
-	repo := SQLiteRepo{Store: store}
+	repo := SQLiteRepo{Store: store, SameTx: true}
 	if err := repo.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
