@@ -99,8 +99,7 @@ func (r MySQLRepo) migrateKeyIndex(ctx context.Context, conn *sql.Conn) error {
 		_, err := conn.ExecContext(ctx, `ALTER TABLE payments ADD UNIQUE KEY `+keyIndexName+` (tenant, idempotency_key)`)
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1062 { // ER_DUP_ENTRY
-			return &SchemaError{Table: "payments", Problems: []string{errDuplicateKeys},
-				Fix: "keep the records in this database (no --store), or give --db another database"}
+			return errors.New("payments: migrate: " + errDuplicateKeys + "; keep the records in this database (no --store), or give --db another database")
 		}
 		return err
 	case r.SameTx && ours > 0:

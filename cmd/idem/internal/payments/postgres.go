@@ -76,8 +76,7 @@ func (t *pgTable) migrateKeyIndex(ctx context.Context, tx pgx.Tx, sameTx bool) e
 		_, err := tx.Exec(ctx, `CREATE UNIQUE INDEX `+keyIndexName+` ON `+t.name+` (tenant, idempotency_key)`)
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "23505" {
-			return &SchemaError{Table: t.name, Problems: []string{errDuplicateKeys},
-				Fix: "keep the records in this database (no --store), or give --db another database"}
+			return errors.New("payments: migrate: " + errDuplicateKeys + "; keep the records in this database (no --store), or give --db another database")
 		}
 		return err
 	}

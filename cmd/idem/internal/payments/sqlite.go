@@ -135,8 +135,7 @@ func (r SQLiteRepo) migrateKeyIndex(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `CREATE UNIQUE INDEX `+keyIndexName+` ON payments (tenant, idempotency_key)`)
 		var se interface{ Code() int }
 		if errors.As(err, &se) && se.Code() == sqliteConstraintUnique {
-			return &SchemaError{Table: "payments", Problems: []string{errDuplicateKeys},
-				Fix: "keep the records in this file (no --store), or give --db another SQLite file"}
+			return errors.New("payments: migrate: " + errDuplicateKeys + "; keep the records in this file (no --store), or give --db another SQLite file")
 		}
 		if err != nil {
 			return fmt.Errorf("payments: migrate: %w", err)
