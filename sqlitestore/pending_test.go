@@ -3,10 +3,12 @@ package sqlitestore_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/sqlitestore"
 )
 
 // A ClaimTx claim writes its record only when its transaction needs it:
@@ -146,4 +148,56 @@ func TestFenceGrowsAcrossDeleteExpired(t *testing.T) {
 	}
 	p.Token = "d"
 	step("after DeleteExpired")
+}
+
+// Fences come from blocks a Store reserves in the file's counter row once
+// it draws fences alone. They still grow for one key when Stores on the
+// file (processes) take turns, and never go below a fence handed out
+// before, even by a claim that rolled back (which a later claim may get
+// again, as the counter always allowed).
+func TestFencesGrowAcrossStores(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, path := open(t)
+	b, err := sqlitestore.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	now := time.Now()
+	var committed, seen int64
+	claim := func(s *sqlitestore.Store, key, token string, keep bool) {
+		t.Helper()
+		p := idemstore.ClaimParams{Scope: "s", Key: key, Fingerprint: "v1:x", Token: token, Lease: time.Second, TTL: time.Minute, Now: now}
+		r, tx, err := s.ClaimTx(ctx, p)
+		if err != nil || r.Outcome != idemstore.ClaimAcquired {
+			t.Fatalf("claim %s: %v %v", token, r.Outcome, err)
+		}
+		if f := r.Record.Fence; f <= committed || f < seen {
+			t.Errorf("claim %s: fence %d, want > %d (committed) and >= %d (handed out)", token, f, committed, seen)
+		}
+		seen = max(seen, r.Record.Fence)
+		if !keep {
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		committed = r.Record.Fence
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx, idemstore.ReleaseParams{Scope: "s", Key: key, Token: token, Now: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 3 {
+		// Alone long enough to reserve a block, with a rollback inside.
+		for i := range 40 {
+			claim(a, "k", fmt.Sprint("a", round, "-", i), i != 30)
+		}
+		for i, s := range []*sqlitestore.Store{b, a, b, b, a, b} {
+			claim(s, "k", fmt.Sprint("x", round, "-", i), i%2 == 1)
+		}
+	}
 }

@@ -32,7 +32,7 @@
 // It also implements idemstore.StepStore: a multi-step operation's step (see
 // idem.Step) commits its writes and its recovery point in one transaction,
 // fenced by the owner token, and claims carry a fencing token drawn from a
-// one-row counter that only grows.
+// one-row counter that only grows (in blocks: see fenceBlock).
 //
 // Records expire at their retention time and then behave as absent;
 // DeleteExpired removes them in bounded batches when the application (or
@@ -41,8 +41,10 @@ package sqlitestore
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -96,6 +98,82 @@ type Store struct {
 	maxLen int
 	sql    sqlTexts
 	st     statements
+	fences fenceBlock
+}
+
+// fenceBlock is the block of fences a Store reserved: [next, limit].
+//
+// The counter row ({table}_fence) holds n, the greatest fence drawn from
+// the file, and owner: 0, or the Store holding the block that ends at n.
+// While the row names this Store's block, every fence drawn since the
+// reservation came from it, in order, so its next fence is greater than
+// all of them, and a claim writes nothing for its fence. The row is then
+// written once per fenceBlockSize claims instead of by every claim (a page
+// per first execution).
+//
+// A Store reserves a block only after fenceSoloClaims claims in a row found
+// the counter as it left it (no other process or Store on the file drew a
+// fence in between); until then each claim advances the counter in its own
+// transaction, as it always did. A claim that finds another Store's block
+// first ends that block durably, in a transaction of its own, before it
+// draws a fence: otherwise, if the claim rolled back, the other Store
+// would go on handing out fences below the one this claim used.
+type fenceBlock struct {
+	mu          sync.Mutex
+	owner       int64 // random, never 0 (the column's default)
+	next, limit int64
+	wrote       int64 // n as this Store last wrote it
+	streak      int   // claims in a row that found n == wrote
+}
+
+const (
+	// fenceBlockSize is how many fences a reservation takes. A block not
+	// used up (the process stops) leaves a gap: fences only need to grow.
+	fenceBlockSize = 1024
+	// fenceSoloClaims is how many claims in a row must find the counter
+	// untouched by others before a Store reserves a block.
+	fenceSoloClaims = 16
+)
+
+// errFenceBlockHeld reports that another Store holds a block of fences.
+type errFenceBlockHeld struct{ owner int64 }
+
+func (e errFenceBlockHeld) Error() string { return "another store holds a block of fences" }
+
+// nextFence draws the next fence in tx, which holds the write lock.
+func (s *Store) nextFence(ctx context.Context, tx *sql.Tx) (int64, error) {
+	f := &s.fences
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var n, owner int64
+	if err := tx.StmtContext(ctx, s.st.readFence).QueryRowContext(ctx).Scan(&n, &owner); err != nil {
+		return 0, err
+	}
+	switch {
+	case owner == f.owner && n == f.limit && f.next <= f.limit:
+		fence := f.next
+		f.next++
+		return fence, nil
+	case owner != 0 && owner != f.owner:
+		return 0, errFenceBlockHeld{owner: owner}
+	}
+	// A reservation whose transaction rolled back left the row as it was:
+	// it no longer names the block, and the claim lands here.
+	if n == f.wrote {
+		f.streak++
+	} else {
+		f.streak = 0
+	}
+	size, holder := int64(1), int64(0)
+	if f.streak >= fenceSoloClaims {
+		size, holder = fenceBlockSize, f.owner
+	}
+	if err := tx.StmtContext(ctx, s.st.reserveFences).QueryRowContext(ctx, size, holder).Scan(&n); err != nil {
+		return 0, err
+	}
+	f.wrote = n
+	f.next, f.limit = n-size+2, n
+	return n - size + 1, nil
 }
 
 var (
@@ -159,6 +237,11 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	writer.SetConnMaxIdleTime(0)
 
 	s := &Store{writer: writer, table: c.Table, maxLen: c.MaxResponseBytes, sql: newSQLTexts(c.Table)}
+	var owner [8]byte
+	for s.fences.owner == 0 {
+		_, _ = rand.Read(owner[:])
+		s.fences.owner = int64(binary.LittleEndian.Uint64(owner[:]))
+	}
 	if err := s.migrateRetrying(ctx, c.BusyTimeout); err != nil {
 		writer.Close()
 		return nil, err
@@ -292,18 +375,20 @@ const (
 // connection, and the writer has only one.
 type statements struct {
 	get, getRead, claim, takeOver, renew, complete, release, deleteExpired *sql.Stmt
-	nextFence, saveCheckpoint, endLease, stuck, put                        *sql.Stmt
+	readFence, reserveFences, endFenceBlock, saveCheckpoint, endLease      *sql.Stmt
+	stuck, put                                                             *sql.Stmt
 }
 
 func (st *statements) all() []*sql.Stmt {
 	return []*sql.Stmt{st.get, st.getRead, st.claim, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired,
-		st.nextFence, st.saveCheckpoint, st.endLease, st.stuck, st.put}
+		st.readFence, st.reserveFences, st.endFenceBlock, st.saveCheckpoint, st.endLease, st.stuck, st.put}
 }
 
 // sqlTexts are the statements of a Store, for its table.
 type sqlTexts struct {
-	get, claim, takeOver, renew, complete, release, deleteExpired string
-	nextFence, saveCheckpoint, endLease, stuck, put               string
+	get, claim, takeOver, renew, complete, release, deleteExpired     string
+	readFence, reserveFences, endFenceBlock, saveCheckpoint, endLease string
+	stuck, put                                                        string
 }
 
 func newSQLTexts(t string) sqlTexts {
@@ -311,10 +396,9 @@ func newSQLTexts(t string) sqlTexts {
 		get: `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`,
 		// Inserts a new record, or replaces one that has expired; changes
 		// nothing if a live record is there.
-		// The fence is the counter that nextFence advanced in the same
-		// transaction.
+		// The fence is the one nextFence drew in the same transaction.
 		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response, fence, checkpoint)
-			VALUES (?, ?, ?, 1, ?, ?, ?, NULL, (SELECT n FROM ` + t + `_fence WHERE id = 1), NULL)
+			VALUES (?, ?, ?, 1, ?, ?, ?, NULL, ?, NULL)
 			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
 				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL,
 				fence = excluded.fence, checkpoint = NULL
@@ -328,10 +412,14 @@ func newSQLTexts(t string) sqlTexts {
 				fence = excluded.fence, checkpoint = NULL
 			WHERE ` + t + `.expires_at <= ?`,
 		// A take-over keeps the record's retention: it never extends it.
-		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, fence = (SELECT n FROM ` + t + `_fence WHERE id = 1)
+		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, fence = ?
 			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?
 			RETURNING checkpoint, expires_at`,
-		nextFence: `UPDATE ` + t + `_fence SET n = n + 1 WHERE id = 1 RETURNING n`,
+		readFence:     `SELECT n, owner FROM ` + t + `_fence WHERE id = 1`,
+		reserveFences: `UPDATE ` + t + `_fence SET n = n + ?, owner = ? WHERE id = 1 RETURNING n`,
+		// Ends another Store's block (fenceBlock); n moves so that its
+		// holder starts counting its solo claims again.
+		endFenceBlock: `UPDATE ` + t + `_fence SET n = n + 1, owner = 0 WHERE id = 1 AND owner = ?`,
 		saveCheckpoint: `UPDATE ` + t + ` SET checkpoint = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
 		endLease: `UPDATE ` + t + ` SET checkpoint = ?, lease_until = ?
@@ -363,7 +451,9 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.st.complete, s.sql.complete},
 		{&s.st.release, s.sql.release},
 		{&s.st.deleteExpired, s.sql.deleteExpired},
-		{&s.st.nextFence, s.sql.nextFence},
+		{&s.st.readFence, s.sql.readFence},
+		{&s.st.reserveFences, s.sql.reserveFences},
+		{&s.st.endFenceBlock, s.sql.endFenceBlock},
 		{&s.st.saveCheckpoint, s.sql.saveCheckpoint},
 		{&s.st.endLease, s.sql.endLease},
 		{&s.st.stuck, s.sql.stuck},
@@ -520,6 +610,21 @@ const takeOverWait = 100 * time.Millisecond
 // record not written yet (the caller's pendingClaim); a take-over commits
 // as without it.
 func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now int64, keepOpen bool) (res idemstore.ClaimResult, open *sql.Tx, err error) {
+	for range 3 {
+		res, open, err = s.claimOnce(ctx, p, now, keepOpen)
+		var held errFenceBlockHeld
+		if !errors.As(err, &held) {
+			return res, open, err
+		}
+		if _, err := s.st.endFenceBlock.ExecContext(ctx, held.owner); err != nil {
+			return idemstore.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
+		}
+	}
+	return res, open, err
+}
+
+// claimOnce is claimLocked's transaction.
+func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, now int64, keepOpen bool) (res idemstore.ClaimResult, open *sql.Tx, err error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return res, nil, err
@@ -533,7 +638,7 @@ func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now in
 	res = idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: idemstore.Record{
 		State: idemstore.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
 	}}
-	if err := tx.StmtContext(ctx, s.st.nextFence).QueryRowContext(ctx).Scan(&res.Record.Fence); err != nil {
+	if res.Record.Fence, err = s.nextFence(ctx, tx); err != nil {
 		return idemstore.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
 	}
 	var r row
@@ -548,7 +653,7 @@ func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now in
 			return res, tx, nil
 		}
 	} else {
-		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
+		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, res.Record.Fence, now)
 		if err != nil {
 			return idemstore.ClaimResult{}, nil, err
 		}
@@ -564,7 +669,7 @@ func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now in
 	}
 	// An in-flight record with the same fingerprint whose lease ended.
 	var kept int64
-	err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, p.Scope, p.Key, p.Fingerprint, now, now).
+	err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, res.Record.Fence, p.Scope, p.Key, p.Fingerprint, now, now).
 		Scan(&res.Record.Checkpoint, &kept)
 	res.Record.ExpiresAt = nanos(kept)
 	if errors.Is(err, sql.ErrNoRows) {
