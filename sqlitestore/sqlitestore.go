@@ -140,22 +140,23 @@ type errFenceBlockHeld struct{ owner int64 }
 
 func (e errFenceBlockHeld) Error() string { return "another store holds a block of fences" }
 
-// nextFence draws the next fence in tx, which holds the write lock.
-func (s *Store) nextFence(ctx context.Context, tx *sql.Tx) (int64, error) {
+// nextFence draws the next fence in tx, which holds the write lock, and
+// returns the expiry of the record of (scope, key), if there is one.
+func (s *Store) nextFence(ctx context.Context, tx *sql.Tx, scope, key string) (fence int64, expiresAt sql.NullInt64, err error) {
 	f := &s.fences
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var n, owner int64
-	if err := tx.StmtContext(ctx, s.st.readFence).QueryRowContext(ctx).Scan(&n, &owner); err != nil {
-		return 0, err
+	if err := tx.StmtContext(ctx, s.st.readFence).QueryRowContext(ctx, scope, key).Scan(&n, &owner, &expiresAt); err != nil {
+		return 0, expiresAt, err
 	}
 	switch {
 	case owner == f.owner && n == f.limit && f.next <= f.limit:
 		fence := f.next
 		f.next++
-		return fence, nil
+		return fence, expiresAt, nil
 	case owner != 0 && owner != f.owner:
-		return 0, errFenceBlockHeld{owner: owner}
+		return 0, expiresAt, errFenceBlockHeld{owner: owner}
 	}
 	// A reservation whose transaction rolled back left the row as it was:
 	// it no longer names the block, and the claim lands here.
@@ -169,11 +170,11 @@ func (s *Store) nextFence(ctx context.Context, tx *sql.Tx) (int64, error) {
 		size, holder = fenceBlockSize, f.owner
 	}
 	if err := tx.StmtContext(ctx, s.st.reserveFences).QueryRowContext(ctx, size, holder).Scan(&n); err != nil {
-		return 0, err
+		return 0, expiresAt, err
 	}
 	f.wrote = n
 	f.next, f.limit = n-size+2, n
-	return n - size + 1, nil
+	return n - size + 1, expiresAt, nil
 }
 
 var (
@@ -415,7 +416,9 @@ func newSQLTexts(t string) sqlTexts {
 		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, fence = ?
 			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?
 			RETURNING checkpoint, expires_at`,
-		readFence:     `SELECT n, owner FROM ` + t + `_fence WHERE id = 1`,
+		// The counter row, and the expiry of the claimed key's record, if
+		// any, in one statement (a claim needs both under the write lock).
+		readFence:     `SELECT n, owner, (SELECT expires_at FROM ` + t + ` WHERE scope = ? AND key = ?) FROM ` + t + `_fence WHERE id = 1`,
 		reserveFences: `UPDATE ` + t + `_fence SET n = n + ?, owner = ? WHERE id = 1 RETURNING n`,
 		// Ends another Store's block (fenceBlock); n moves so that its
 		// holder starts counting its solo claims again.
@@ -638,19 +641,21 @@ func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, now int6
 	res = idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: idemstore.Record{
 		State: idemstore.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
 	}}
-	if res.Record.Fence, err = s.nextFence(ctx, tx); err != nil {
+	fence, expiresAt, err := s.nextFence(ctx, tx, p.Scope, p.Key)
+	if err != nil {
 		return idemstore.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
 	}
+	res.Record.Fence = fence
 	var r row
 	var found bool
 	if keepOpen {
 		// The record is written when the claim's transaction first needs
 		// it (see pendingClaim): usually as completed, by Complete.
+		if !expiresAt.Valid || now >= expiresAt.Int64 {
+			return res, tx, nil
+		}
 		if r, found, err = get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key); err != nil {
 			return idemstore.ClaimResult{}, nil, err
-		}
-		if !found || now >= r.expiresAt {
-			return res, tx, nil
 		}
 	} else {
 		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, res.Record.Fence, now)
