@@ -93,8 +93,8 @@ func createTable(integer, timestamp string) string {
 }
 
 // keyIndexName names the unique index on (tenant, idempotency_key) that
-// Migrate creates when the records are not in the payments' transaction
-// (a repo without SameTx), and drops when they are. Tables created before
+// Migrate creates for a repo without SameTx (records elsewhere, or the
+// provider flow's steps), and drops for one with it. Tables created before
 // it had the same uniqueness as a table constraint, which Migrate removes
 // the same way.
 //

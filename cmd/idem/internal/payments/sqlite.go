@@ -15,10 +15,10 @@ import (
 // SQLiteRepo keeps payments in the SQLite file of a sqlitestore.Store.
 type SQLiteRepo struct {
 	Store *sqlitestore.Store
-	// SameTx says that the idempotency records are in Store and commit
-	// in the payment's transaction (idem serve without --store): the table
-	// then needs no unique index on (tenant, idempotency_key), and Migrate
-	// removes it (see keyIndexName). Without it, Migrate creates the index
+	// SameTx says that each payment's row commits in one transaction
+	// with its completed record (idem serve without --store and without
+	// --provider): the table then needs no unique index on (tenant,
+	// idempotency_key), and Migrate removes it (see keyIndexName). Without it, Migrate creates the index
 	// and Insert returns the payment already stored for the same tenant
 	// and key.
 	SameTx bool
