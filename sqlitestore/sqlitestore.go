@@ -32,7 +32,7 @@
 // It also implements idemstore.StepStore: a multi-step operation's step (see
 // idem.Step) commits its writes and its recovery point in one transaction,
 // fenced by the owner token, and claims carry a fencing token drawn from a
-// one-row counter that only grows.
+// one-row counter that only grows (in blocks: see fenceBlock).
 //
 // Records expire at their retention time and then behave as absent;
 // DeleteExpired removes them in bounded batches when the application (or
@@ -41,8 +41,10 @@ package sqlitestore
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -51,6 +53,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -95,6 +98,83 @@ type Store struct {
 	maxLen int
 	sql    sqlTexts
 	st     statements
+	fences fenceBlock
+}
+
+// fenceBlock is the block of fences a Store reserved: [next, limit].
+//
+// The counter row ({table}_fence) holds n, the greatest fence drawn from
+// the file, and owner: 0, or the Store holding the block that ends at n.
+// While the row names this Store's block, every fence drawn since the
+// reservation came from it, in order, so its next fence is greater than
+// all of them, and a claim writes nothing for its fence. The row is then
+// written once per fenceBlockSize claims instead of by every claim (a page
+// per first execution).
+//
+// A Store reserves a block only after fenceSoloClaims claims in a row found
+// the counter as it left it (no other process or Store on the file drew a
+// fence in between); until then each claim advances the counter in its own
+// transaction, as it always did. A claim that finds another Store's block
+// first ends that block durably, in a transaction of its own, before it
+// draws a fence: otherwise, if the claim rolled back, the other Store
+// would go on handing out fences below the one this claim used.
+type fenceBlock struct {
+	mu          sync.Mutex
+	owner       int64 // random, never 0 (the column's default)
+	next, limit int64
+	wrote       int64 // n as this Store last wrote it
+	streak      int   // claims in a row that found n == wrote
+}
+
+const (
+	// fenceBlockSize is how many fences a reservation takes. A block not
+	// used up (the process stops) leaves a gap: fences only need to grow.
+	fenceBlockSize = 1024
+	// fenceSoloClaims is how many claims in a row must find the counter
+	// untouched by others before a Store reserves a block.
+	fenceSoloClaims = 16
+)
+
+// errFenceBlockHeld reports that another Store holds a block of fences.
+type errFenceBlockHeld struct{ owner int64 }
+
+func (e errFenceBlockHeld) Error() string { return "another store holds a block of fences" }
+
+// nextFence draws the next fence in tx, which holds the write lock, and
+// returns the expiry of the record of (scope, key), if there is one.
+func (s *Store) nextFence(ctx context.Context, tx *sql.Tx, scope, key string) (fence int64, expiresAt sql.NullInt64, err error) {
+	f := &s.fences
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var n, owner int64
+	if err := tx.StmtContext(ctx, s.st.readFence).QueryRowContext(ctx, scope, key).Scan(&n, &owner, &expiresAt); err != nil {
+		return 0, expiresAt, err
+	}
+	switch {
+	case owner == f.owner && n == f.limit && f.next <= f.limit:
+		fence := f.next
+		f.next++
+		return fence, expiresAt, nil
+	case owner != 0 && owner != f.owner:
+		return 0, expiresAt, errFenceBlockHeld{owner: owner}
+	}
+	// A reservation whose transaction rolled back left the row as it was:
+	// it no longer names the block, and the claim lands here.
+	if n == f.wrote {
+		f.streak++
+	} else {
+		f.streak = 0
+	}
+	size, holder := int64(1), int64(0)
+	if f.streak >= fenceSoloClaims {
+		size, holder = fenceBlockSize, f.owner
+	}
+	if err := tx.StmtContext(ctx, s.st.reserveFences).QueryRowContext(ctx, size, holder).Scan(&n); err != nil {
+		return 0, expiresAt, err
+	}
+	f.wrote = n
+	f.next, f.limit = n-size+2, n
+	return n - size + 1, expiresAt, nil
 }
 
 var (
@@ -158,6 +238,11 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	writer.SetConnMaxIdleTime(0)
 
 	s := &Store{writer: writer, table: c.Table, maxLen: c.MaxResponseBytes, sql: newSQLTexts(c.Table)}
+	var owner [8]byte
+	for s.fences.owner == 0 {
+		_, _ = rand.Read(owner[:])
+		s.fences.owner = int64(binary.LittleEndian.Uint64(owner[:]))
+	}
 	if err := s.migrateRetrying(ctx, c.BusyTimeout); err != nil {
 		writer.Close()
 		return nil, err
@@ -291,18 +376,20 @@ const (
 // connection, and the writer has only one.
 type statements struct {
 	get, getRead, claim, takeOver, renew, complete, release, deleteExpired *sql.Stmt
-	nextFence, saveCheckpoint, endLease, stuck                             *sql.Stmt
+	readFence, reserveFences, endFenceBlock, saveCheckpoint, endLease      *sql.Stmt
+	stuck, put                                                             *sql.Stmt
 }
 
 func (st *statements) all() []*sql.Stmt {
 	return []*sql.Stmt{st.get, st.getRead, st.claim, st.takeOver, st.renew, st.complete, st.release, st.deleteExpired,
-		st.nextFence, st.saveCheckpoint, st.endLease, st.stuck}
+		st.readFence, st.reserveFences, st.endFenceBlock, st.saveCheckpoint, st.endLease, st.stuck, st.put}
 }
 
 // sqlTexts are the statements of a Store, for its table.
 type sqlTexts struct {
-	get, claim, takeOver, renew, complete, release, deleteExpired string
-	nextFence, saveCheckpoint, endLease, stuck                    string
+	get, claim, takeOver, renew, complete, release, deleteExpired     string
+	readFence, reserveFences, endFenceBlock, saveCheckpoint, endLease string
+	stuck, put                                                        string
 }
 
 func newSQLTexts(t string) sqlTexts {
@@ -310,19 +397,32 @@ func newSQLTexts(t string) sqlTexts {
 		get: `SELECT fingerprint, state, lease_until, expires_at, response FROM ` + t + ` WHERE scope = ? AND key = ?`,
 		// Inserts a new record, or replaces one that has expired; changes
 		// nothing if a live record is there.
-		// The fence is the counter that nextFence advanced in the same
-		// transaction.
+		// The fence is the one nextFence drew in the same transaction.
 		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response, fence, checkpoint)
-			VALUES (?, ?, ?, 1, ?, ?, ?, NULL, (SELECT n FROM ` + t + `_fence WHERE id = 1), NULL)
+			VALUES (?, ?, ?, 1, ?, ?, ?, NULL, ?, NULL)
 			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
 				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = NULL,
 				fence = excluded.fence, checkpoint = NULL
 			WHERE ` + t + `.expires_at <= ?`,
+		// Writes a ClaimTx claim's record (pendingClaim) in the given
+		// state, replacing an expired record as claim does.
+		put: `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, lease_until, expires_at, response, fence, checkpoint)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)
+			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = excluded.state, token = excluded.token,
+				lease_until = excluded.lease_until, expires_at = excluded.expires_at, response = excluded.response,
+				fence = excluded.fence, checkpoint = NULL
+			WHERE ` + t + `.expires_at <= ?`,
 		// A take-over keeps the record's retention: it never extends it.
-		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, fence = (SELECT n FROM ` + t + `_fence WHERE id = 1)
+		takeOver: `UPDATE ` + t + ` SET token = ?, lease_until = ?, fence = ?
 			WHERE scope = ? AND key = ? AND state = 1 AND fingerprint = ? AND lease_until <= ? AND expires_at > ?
 			RETURNING checkpoint, expires_at`,
-		nextFence: `UPDATE ` + t + `_fence SET n = n + 1 WHERE id = 1 RETURNING n`,
+		// The counter row, and the expiry of the claimed key's record, if
+		// any, in one statement (a claim needs both under the write lock).
+		readFence:     `SELECT n, owner, (SELECT expires_at FROM ` + t + ` WHERE scope = ? AND key = ?) FROM ` + t + `_fence WHERE id = 1`,
+		reserveFences: `UPDATE ` + t + `_fence SET n = n + ?, owner = ? WHERE id = 1 RETURNING n`,
+		// Ends another Store's block (fenceBlock); n moves so that its
+		// holder starts counting its solo claims again.
+		endFenceBlock: `UPDATE ` + t + `_fence SET n = n + 1, owner = 0 WHERE id = 1 AND owner = ?`,
 		saveCheckpoint: `UPDATE ` + t + ` SET checkpoint = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = 1 AND expires_at > ?`,
 		endLease: `UPDATE ` + t + ` SET checkpoint = ?, lease_until = ?
@@ -354,10 +454,13 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.st.complete, s.sql.complete},
 		{&s.st.release, s.sql.release},
 		{&s.st.deleteExpired, s.sql.deleteExpired},
-		{&s.st.nextFence, s.sql.nextFence},
+		{&s.st.readFence, s.sql.readFence},
+		{&s.st.reserveFences, s.sql.reserveFences},
+		{&s.st.endFenceBlock, s.sql.endFenceBlock},
 		{&s.st.saveCheckpoint, s.sql.saveCheckpoint},
 		{&s.st.endLease, s.sql.endLease},
 		{&s.st.stuck, s.sql.stuck},
+		{&s.st.put, s.sql.put},
 	}
 	for _, w := range writes {
 		st, err := s.writer.PrepareContext(ctx, w.text)
@@ -505,9 +608,26 @@ const takeOverWait = 100 * time.Millisecond
 // record in one statement; only if a live record is there is it read, to
 // answer or to take it over.
 //
-// With keepOpen, a claim that inserted a record returns its transaction
-// uncommitted (ClaimTx); a take-over commits as without it.
+// With keepOpen (ClaimTx), the record is read instead; a claim of an
+// absent or expired record returns its transaction uncommitted, with the
+// record not written yet (the caller's pendingClaim); a take-over commits
+// as without it.
 func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now int64, keepOpen bool) (res idemstore.ClaimResult, open *sql.Tx, err error) {
+	for range 3 {
+		res, open, err = s.claimOnce(ctx, p, now, keepOpen)
+		var held errFenceBlockHeld
+		if !errors.As(err, &held) {
+			return res, open, err
+		}
+		if _, err := s.st.endFenceBlock.ExecContext(ctx, held.owner); err != nil {
+			return idemstore.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
+		}
+	}
+	return res, open, err
+}
+
+// claimOnce is claimLocked's transaction.
+func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, now int64, keepOpen bool) (res idemstore.ClaimResult, open *sql.Tx, err error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return res, nil, err
@@ -521,41 +641,50 @@ func (s *Store) claimLocked(ctx context.Context, p idemstore.ClaimParams, now in
 	res = idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: idemstore.Record{
 		State: idemstore.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: nanos(expires), LeaseExpiresAt: nanos(lease),
 	}}
-	if err := tx.StmtContext(ctx, s.st.nextFence).QueryRowContext(ctx).Scan(&res.Record.Fence); err != nil {
+	fence, expiresAt, err := s.nextFence(ctx, tx, p.Scope, p.Key)
+	if err != nil {
 		return idemstore.ClaimResult{}, nil, fmt.Errorf("fence: %w", err)
 	}
-	n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, now)
+	res.Record.Fence = fence
+	var r row
+	var found bool
+	if keepOpen {
+		// The record is written when the claim's transaction first needs
+		// it (see pendingClaim): usually as completed, by Complete.
+		if !expiresAt.Valid || now >= expiresAt.Int64 {
+			return res, tx, nil
+		}
+		if r, found, err = get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key); err != nil {
+			return idemstore.ClaimResult{}, nil, err
+		}
+	} else {
+		n, err := execRows(ctx, tx.StmtContext(ctx, s.st.claim), p.Scope, p.Key, p.Fingerprint, p.Token, lease, expires, res.Record.Fence, now)
+		if err != nil {
+			return idemstore.ClaimResult{}, nil, err
+		}
+		if n == 1 {
+			return res, nil, tx.Commit()
+		}
+		if r, found, err = get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key); err != nil {
+			return idemstore.ClaimResult{}, nil, err
+		}
+	}
+	if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
+		return res, nil, err
+	}
+	// An in-flight record with the same fingerprint whose lease ended.
+	var kept int64
+	err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, res.Record.Fence, p.Scope, p.Key, p.Fingerprint, now, now).
+		Scan(&res.Record.Checkpoint, &kept)
+	res.Record.ExpiresAt = nanos(kept)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idemstore.ClaimResult{}, nil, errors.New("take-over changed no row under the write lock")
+	}
 	if err != nil {
 		return idemstore.ClaimResult{}, nil, err
 	}
-	if n == 1 && keepOpen {
-		return res, tx, nil
-	}
-	if n != 1 {
-		r, found, err := get(ctx, tx.StmtContext(ctx, s.st.get), p.Scope, p.Key)
-		if err != nil {
-			return idemstore.ClaimResult{}, nil, err
-		}
-		if res, done, err := decide(r, found, p.Fingerprint, now); done || err != nil {
-			return res, nil, err
-		}
-		// An in-flight record with the same fingerprint whose lease ended.
-		var kept int64
-		err = tx.StmtContext(ctx, s.st.takeOver).QueryRowContext(ctx, p.Token, lease, p.Scope, p.Key, p.Fingerprint, now, now).
-			Scan(&res.Record.Checkpoint, &kept)
-		res.Record.ExpiresAt = nanos(kept)
-		if errors.Is(err, sql.ErrNoRows) {
-			return idemstore.ClaimResult{}, nil, errors.New("take-over changed no row under the write lock")
-		}
-		if err != nil {
-			return idemstore.ClaimResult{}, nil, err
-		}
-		res.TookOver = true
-	}
-	if err := tx.Commit(); err != nil {
-		return idemstore.ClaimResult{}, nil, err
-	}
-	return res, nil, nil
+	res.TookOver = true
+	return res, nil, tx.Commit()
 }
 
 // ClaimTx implements idemstore.TxClaimer (Config.ClaimInTx). Duplicates are
@@ -582,7 +711,30 @@ func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore
 	if tx == nil {
 		return res, nil, nil
 	}
-	return res, &storeTx{s: s, tx: tx}, nil
+	return res, &storeTx{s: s, tx: tx, pending: &pendingClaim{
+		scope: p.Scope, key: p.Key, fingerprint: p.Fingerprint, token: p.Token,
+		claimedAt: p.Now.UnixNano(), lease: res.Record.LeaseExpiresAt.UnixNano(), expires: res.Record.ExpiresAt.UnixNano(),
+		fence: res.Record.Fence,
+	}}, nil
+}
+
+// pendingClaim is a claim made by ClaimTx whose record is not written yet.
+// Nobody sees an uncommitted claim, and the transaction holds the file's
+// write lock, so nothing can take the key meanwhile: the record is written
+// once, when the transaction first needs it. Complete then inserts it
+// completed, so that a first execution writes the record's pages once and
+// never enters (and leaves) the index of in-flight records. SaveCheckpoint,
+// Native and a Commit without Complete write it in flight first, as
+// ClaimTx used to.
+type pendingClaim struct {
+	scope, key, fingerprint, token   string
+	claimedAt, lease, expires, fence int64
+}
+
+// is reports whether the parameters name the pending claim's record and
+// owner.
+func (c *pendingClaim) is(scope, key, token string) bool {
+	return c != nil && c.scope == scope && c.key == key && c.token == token
 }
 
 func execRows(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
@@ -631,17 +783,26 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idemstore.Complete
 }
 
 func (s *Store) complete(ctx context.Context, tx *sql.Tx, p idemstore.CompleteParams) error {
+	enc, err := s.encode(p)
+	if err != nil {
+		return err
+	}
+	return fenced(ctx, in(ctx, tx, s.st.complete), "complete", enc, p.Scope, p.Key, p.Token, p.Now.UnixNano())
+}
+
+// encode returns the stored form of p's response, within the size limit.
+func (s *Store) encode(p idemstore.CompleteParams) ([]byte, error) {
 	if p.Response == nil {
-		return errors.New("sqlitestore: complete needs a response")
+		return nil, errors.New("sqlitestore: complete needs a response")
 	}
 	if n := p.Response.EncodedSize(); n > s.maxLen {
-		return fmt.Errorf("sqlitestore: complete: %d-byte response over the %d-byte limit: %w", n, s.maxLen, idemstore.ErrResponseTooLarge)
+		return nil, fmt.Errorf("sqlitestore: complete: %d-byte response over the %d-byte limit: %w", n, s.maxLen, idemstore.ErrResponseTooLarge)
 	}
 	enc, err := p.Response.MarshalBinary()
 	if err != nil {
-		return fmt.Errorf("sqlitestore: complete: %w", err)
+		return nil, fmt.Errorf("sqlitestore: complete: %w", err)
 	}
-	return fenced(ctx, in(ctx, tx, s.st.complete), "complete", enc, p.Scope, p.Key, p.Token, p.Now.UnixNano())
+	return enc, nil
 }
 
 // Release implements idemstore.Store.
@@ -738,24 +899,99 @@ func (s *Store) BeginTx(ctx context.Context) (idemstore.Tx, error) {
 type storeTx struct {
 	s  *Store
 	tx *sql.Tx
+
+	// mu guards pending: the core renews from its own goroutine.
+	mu      sync.Mutex
+	pending *pendingClaim // ClaimTx's record, until it is written
 }
 
 func (t *storeTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.pending; c.is(p.Scope, p.Key, p.Token) {
+		enc, err := t.s.encode(p)
+		if err != nil {
+			return err
+		}
+		if p.Now.UnixNano() >= c.expires {
+			return fmt.Errorf("sqlitestore: complete: %w", idemstore.ErrLeaseLost)
+		}
+		if err := t.put(ctx, stateCompleted, nil, enc); err != nil {
+			return fmt.Errorf("sqlitestore: complete: %w", err)
+		}
+		return nil
+	}
+	if err := t.materialize(ctx); err != nil {
+		return err
+	}
 	return t.s.complete(ctx, t.tx, p)
+}
+
+// put writes the pending claim's record in state st, and forgets the
+// claim. It replaces an expired record of the key, as the claim
+// statement does; anything else there is an error (the write lock was
+// held since the claim read the key).
+func (t *storeTx) put(ctx context.Context, st int, token any, response []byte) error {
+	c := t.pending
+	n, err := execRows(ctx, t.tx.StmtContext(ctx, t.s.st.put), c.scope, c.key, c.fingerprint, st, token, c.lease, c.expires, response, c.fence, c.claimedAt)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return errors.New("the claimed key changed under the write lock")
+	}
+	t.pending = nil
+	return nil
+}
+
+// materialize writes the pending claim's record in flight, if there is
+// one, so that statements on the transaction see it; t.mu is held.
+func (t *storeTx) materialize(ctx context.Context) error {
+	if t.pending == nil {
+		return nil
+	}
+	if err := t.put(ctx, stateInFlight, t.pending.token, nil); err != nil {
+		return fmt.Errorf("sqlitestore: write the claim: %w", err)
+	}
+	return nil
 }
 
 // SaveCheckpoint implements idemstore.CheckpointTx.
 func (t *storeTx) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.materialize(ctx); err != nil {
+		return err
+	}
 	return t.s.saveCheckpoint(ctx, t.tx, p)
 }
 
 // Renew renews inside the transaction: it holds the file's write lock, so
-// a renewal on another connection would wait for it to end.
+// a renewal on another connection would wait for it to end. A pending
+// claim's renewal only moves the lease end it will be written with.
 func (t *storeTx) Renew(ctx context.Context, p idemstore.RenewParams) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.pending; c.is(p.Scope, p.Key, p.Token) {
+		if p.Now.UnixNano() >= c.expires {
+			return fmt.Errorf("sqlitestore: renew: %w", idemstore.ErrLeaseLost)
+		}
+		c.lease = p.Now.Add(p.Lease).UnixNano()
+		return nil
+	}
 	return t.s.renew(ctx, t.tx, p)
 }
 
-func (t *storeTx) Commit(context.Context) error {
+// Commit commits the transaction; a claim neither completed nor written
+// yet is written in flight first, as ClaimTx promises.
+func (t *storeTx) Commit(ctx context.Context) error {
+	t.mu.Lock()
+	err := t.materialize(ctx)
+	t.mu.Unlock()
+	if err != nil {
+		t.tx.Rollback()
+		return err
+	}
 	if err := t.tx.Commit(); err != nil {
 		return fmt.Errorf("sqlitestore: commit: %w", err)
 	}
@@ -763,13 +999,26 @@ func (t *storeTx) Commit(context.Context) error {
 }
 
 func (t *storeTx) Rollback(context.Context) error {
+	t.mu.Lock()
+	t.pending = nil
+	t.mu.Unlock()
 	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return fmt.Errorf("sqlitestore: rollback: %w", err)
 	}
 	return nil
 }
 
-func (t *storeTx) Native() any { return t.tx }
+// Native returns the *sql.Tx. It writes a pending claim's record first,
+// so that what the caller does with the transaction (CompleteTx, its own
+// queries) sees the in-flight record.
+func (t *storeTx) Native() any {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// An error here leaves the claim pending; Complete and Commit try
+	// again and report it.
+	_ = t.materialize(context.Background())
+	return t.tx
+}
 
 // Tx returns the transaction of the idempotent execution ctx belongs to,
 // beginning it on first use (see the package documentation for what that

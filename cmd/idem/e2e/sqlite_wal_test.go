@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bytes"
+	"database/sql"
 	bin "encoding/binary"
 	"net/http"
 	"os"
@@ -98,5 +100,38 @@ func TestSQLiteFirstExecutionCommits(t *testing.T) {
 				t.Errorf("%d payments, want 1", n)
 			}
 		})
+	}
+}
+
+// A database created by the previous binary, whose payments table held
+// the uniqueness of (tenant, idempotency_key) as a table constraint, is
+// migrated by idem serve (records in the same file: the constraint goes)
+// and keeps its payments; a key used before pays again under a new record.
+func TestSQLiteServeMigratesOldPaymentsTable(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE payments (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, idempotency_key TEXT NOT NULL,
+			amount_cents INTEGER NOT NULL, currency TEXT NOT NULL, reference TEXT NOT NULL, created_at TEXT NOT NULL,
+			UNIQUE (tenant, idempotency_key))`,
+		`INSERT INTO payments VALUES ('pay_old', 'anonymous', 'old-key', 100, 'USD', 'old', '2026-12-01T00:00:00Z')`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	s := startServer(t, "sqlite-old-table", "--db", path)
+	for i, key := range []string{"new-" + randomName(8), "old-key"} {
+		if r := mustPay(t, s, key, paymentBody(100+i, "order-"+key)); r.status != http.StatusCreated || bytes.Contains(r.body, []byte("pay_old")) {
+			t.Fatalf("payment with key %s on the old table: %v, want a new payment (201)", key, r)
+		}
+	}
+	if n := sqliteCount(t, path); n != 3 {
+		t.Errorf("%d payments, want the old one and two new", n)
 	}
 }

@@ -135,13 +135,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	var repo payments.Repo
 	var evs eventsRun
+	oneCommit := sameDB && *pf.url == ""
 	switch {
+	// A payment whose row and record commit in one transaction needs no
+	// unique index on (tenant, idempotency_key); Migrate adds or drops
+	// it. The provider flow keeps it: its pending row commits in a step
+	// of its own, before the record completes, and the index keeps any
+	// second run of that step from making a second payment.
 	case dbStore.SQLite != nil:
-		repo = payments.SQLiteRepo{Store: dbStore.SQLite}
+		repo = payments.SQLiteRepo{Store: dbStore.SQLite, SameTx: oneCommit}
 	case dbStore.MySQL != nil:
-		repo = payments.MySQLRepo{DB: dbStore.MySQL}
+		repo = payments.MySQLRepo{DB: dbStore.MySQL, SameTx: oneCommit}
 	default:
-		repo = payments.PostgresRepo{Pool: dbStore.PG}
+		repo = payments.PostgresRepo{Pool: dbStore.PG, SameTx: oneCommit}
 	}
 	if err := repo.Migrate(ctx); err != nil {
 		logger.Error("cannot use the payments table", "error", err)

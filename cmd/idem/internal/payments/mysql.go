@@ -18,6 +18,9 @@ import (
 // (parseTime=true&loc=UTC), as the backend's pools do.
 type MySQLRepo struct {
 	DB *sql.DB
+	// SameTx says that the idempotency records are in this database and
+	// commit in the payment's transaction: see SQLiteRepo.SameTx.
+	SameTx bool
 }
 
 // createMySQL is the payments table on MariaDB. Text columns that are
@@ -30,8 +33,7 @@ const createMySQL = `CREATE TABLE IF NOT EXISTS payments (
 	amount_cents    BIGINT       NOT NULL,
 	currency        VARCHAR(16)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
 	reference       TEXT         CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-	created_at      DATETIME(6)  NOT NULL,
-	UNIQUE KEY payments_tenant_key (tenant, idempotency_key)
+	created_at      DATETIME(6)  NOT NULL
 ) ENGINE = InnoDB`
 
 // migrateLockedMySQL runs fn on one connection holding a named lock
@@ -75,12 +77,40 @@ func (r MySQLRepo) Migrate(ctx context.Context) error {
 		if _, err := conn.ExecContext(ctx, createMySQL); err != nil {
 			return err
 		}
-		return checkMySQLTable(ctx, conn, baseColumns, stepColumns)
+		if err := checkMySQLTable(ctx, conn, baseColumns, stepColumns); err != nil {
+			return err
+		}
+		return r.migrateKeyIndex(ctx, conn)
 	})
 }
 
+// migrateKeyIndex gives the table the unique index on (tenant,
+// idempotency_key) unless the records share the payment's transaction,
+// and drops it if they do: see keyIndexName.
+func (r MySQLRepo) migrateKeyIndex(ctx context.Context, conn *sql.Conn) error {
+	var unique, ours int
+	if err := conn.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(INDEX_NAME = ?), 0) FROM (SELECT INDEX_NAME FROM information_schema.STATISTICS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'payments' AND NON_UNIQUE = 0
+		GROUP BY INDEX_NAME HAVING GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) = 'tenant,idempotency_key') u`, keyIndexName).Scan(&unique, &ours); err != nil {
+		return fmt.Errorf("look up the unique index on (tenant, idempotency_key): %w", err)
+	}
+	switch {
+	case !r.SameTx && unique == 0:
+		_, err := conn.ExecContext(ctx, `ALTER TABLE payments ADD UNIQUE KEY `+keyIndexName+` (tenant, idempotency_key)`)
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1062 { // ER_DUP_ENTRY
+			return errors.New("payments: migrate: " + errDuplicateKeys + "; keep the records in this database (no --store), or give --db another database")
+		}
+		return err
+	case r.SameTx && ours > 0:
+		_, err := conn.ExecContext(ctx, `ALTER TABLE payments DROP INDEX `+keyIndexName)
+		return err
+	}
+	return nil
+}
+
 // checkMySQLTable returns a *SchemaError unless the payments table has
-// the demo's columns and a unique index on (tenant, idempotency_key).
+// the demo's columns.
 func checkMySQLTable(ctx context.Context, conn *sql.Conn, want, optional []column) error {
 	fail := func(problems []string) error {
 		return &SchemaError{Table: "payments", Problems: problems,
@@ -109,20 +139,22 @@ func checkMySQLTable(ctx context.Context, conn *sql.Conn, want, optional []colum
 	if problems := shapeProblems(got, want, optional, func(c column) string { return c.mysql }); len(problems) > 0 {
 		return fail(problems)
 	}
-	var n int
-	if err := conn.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT INDEX_NAME FROM information_schema.STATISTICS
-		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'payments' AND NON_UNIQUE = 0
-		GROUP BY INDEX_NAME HAVING GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) = 'tenant,idempotency_key') u`).Scan(&n); err != nil {
-		return fmt.Errorf("check the payments table: %w", err)
-	}
-	if n == 0 {
-		return fail([]string{"it has no unique index on (tenant, idempotency_key)"})
-	}
 	return nil
 }
 
 const insertMySQL = `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
-	VALUES (?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE id = id`
+	VALUES (?, ?, ?, ?, ?, ?, ?)`
+
+// onDuplicateMySQL makes an insert leave the payment already stored for
+// the tenant and key in place (records kept elsewhere).
+const onDuplicateMySQL = ` ON DUPLICATE KEY UPDATE id = id`
+
+func (r MySQLRepo) insertSQL(insert string) string {
+	if r.SameTx {
+		return insert
+	}
+	return insert + onDuplicateMySQL
+}
 
 // Insert implements Repo. Inside an execution on a mysqlstore it writes
 // through the execution's transaction; otherwise in its own. A row MariaDB
@@ -141,14 +173,14 @@ func (r MySQLRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
 	} else if err != nil {
 		return Payment{}, fmt.Errorf("payments: insert: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, insertMySQL, p.ID, p.tenant, p.key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt.UTC())
+	res, err := tx.ExecContext(ctx, r.insertSQL(insertMySQL), p.ID, p.tenant, p.key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt.UTC())
 	if err != nil {
 		if re := rejectedMySQL(err); re != nil {
 			return Payment{}, re
 		}
 		return Payment{}, fmt.Errorf("payments: insert: %w", err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if n, _ := res.RowsAffected(); n == 0 && !r.SameTx {
 		// The same tenant and key already paid: a re-execution after a
 		// crash. Return that payment.
 		if p, err = scanMySQL(tx.QueryRowContext(ctx, selectMySQL+` WHERE tenant = ? AND idempotency_key = ?`, p.tenant, p.key)); err != nil {
@@ -227,6 +259,9 @@ func (r MySQLRepo) MigrateSteps(ctx context.Context) ([]byte, error) {
 		if err := checkMySQLTable(ctx, conn, slices.Concat(baseColumns, stepColumns), nil); err != nil {
 			return err
 		}
+		if err := r.migrateKeyIndex(ctx, conn); err != nil {
+			return err
+		}
 		if _, err := conn.ExecContext(ctx, `INSERT INTO payments_secret (id, secret) VALUES (1, ?) ON DUPLICATE KEY UPDATE id = id`, fresh); err != nil {
 			return err
 		}
@@ -244,13 +279,13 @@ func (r MySQLRepo) InsertPending(ctx context.Context, p StepPayment) (StepPaymen
 	if err != nil {
 		return p, fmt.Errorf("payments: insert: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at, status, provider_key)
-		VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?) ON DUPLICATE KEY UPDATE id = id`,
+	res, err := tx.ExecContext(ctx, r.insertSQL(`INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at, status, provider_key)
+		VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)`),
 		p.ID, p.Tenant, p.Key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt.UTC(), p.ProviderKey)
 	if err != nil {
 		return p, fmt.Errorf("payments: insert: %w", err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if n, _ := res.RowsAffected(); n == 0 && !r.SameTx {
 		got, err := scanStepMySQL(tx.QueryRowContext(ctx, selectStepMySQL+` WHERE tenant = ? AND idempotency_key = ?`, p.Tenant, p.Key))
 		if err != nil {
 			return p, fmt.Errorf("payments: insert: %w", err)

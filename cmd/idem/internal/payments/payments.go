@@ -77,7 +77,9 @@ func ValidPaymentID(s string) bool {
 }
 
 // createTable is the payments table's DDL, the same on every database but
-// for the types of the amount and of the creation time.
+// for the types of the amount and of the creation time. The unique index
+// on (tenant, idempotency_key) is not part of it: only payments whose
+// records are kept elsewhere need it (keyIndexName).
 func createTable(integer, timestamp string) string {
 	return `CREATE TABLE IF NOT EXISTS payments (
 		id              TEXT PRIMARY KEY,
@@ -86,7 +88,28 @@ func createTable(integer, timestamp string) string {
 		amount_cents    ` + integer + ` NOT NULL,
 		currency        TEXT NOT NULL,
 		reference       TEXT NOT NULL,
-		created_at      ` + timestamp + ` NOT NULL,
-		UNIQUE (tenant, idempotency_key)
+		created_at      ` + timestamp + ` NOT NULL
 	)`
 }
+
+// keyIndexName names the unique index on (tenant, idempotency_key) that
+// Migrate creates for a repo without SameTx (records elsewhere, or the
+// provider flow's steps), and drops for one with it. Tables created before
+// it had the same uniqueness as a table constraint, which Migrate removes
+// the same way.
+//
+// With the records in the same transaction, a payment and its completed
+// record commit together or not at all: a retry finds the record and
+// replays, and a re-execution (after a crash, or a released key) finds no
+// payment, because the earlier one rolled back with its claim. The index
+// would only cost every payment a write in a B-tree ordered by a random
+// key. With records in Redis, a re-execution after a crash can follow a
+// committed payment whose record was never completed; the index is then
+// what makes it return that payment instead of a second one.
+const keyIndexName = "payments_tenant_key"
+
+// errDuplicateKeys is the reason Migrate gives when it cannot create the
+// unique index: payments made while the records shared their transaction,
+// whose keys were used again after their records expired.
+const errDuplicateKeys = "two payments share a tenant and idempotency key (a key used again after its record expired, " +
+	"while the records were kept in this database), so the unique index that records kept elsewhere need cannot be created"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -16,6 +17,9 @@ import (
 // PostgresRepo keeps payments in PostgreSQL.
 type PostgresRepo struct {
 	Pool *pgxpool.Pool
+	// SameTx says that the idempotency records are in this database and
+	// commit in the payment's transaction: see SQLiteRepo.SameTx.
+	SameTx bool
 }
 
 // Migrate implements Repo: it creates the payments table (in the first
@@ -35,8 +39,62 @@ func (r PostgresRepo) Migrate(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		return t.check(ctx, tx, baseColumns, stepColumns)
+		if err := t.check(ctx, tx, baseColumns, stepColumns); err != nil {
+			return err
+		}
+		return t.migrateKeyIndex(ctx, tx, r.SameTx)
 	})
+}
+
+// migrateKeyIndex gives the table the unique index on (tenant,
+// idempotency_key) unless the records share the payment's transaction,
+// and drops it (or the table constraint that tables created before held)
+// if they do: see keyIndexName.
+func (t *pgTable) migrateKeyIndex(ctx context.Context, tx pgx.Tx, sameTx bool) error {
+	rows, err := tx.Query(ctx, `SELECT i.indexrelid::regclass::text, COALESCE(c.conname::text, '')
+		FROM pg_catalog.pg_index i
+		LEFT JOIN pg_catalog.pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype = 'u'
+		WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+			AND (SELECT array_agg(a.attname::text ORDER BY k.ord) FROM unnest(i.indkey::int2[]) WITH ORDINALITY k(attnum, ord)
+				JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) = ARRAY['tenant', 'idempotency_key']`, t.oid)
+	if err != nil {
+		return fmt.Errorf("look up the unique index on (tenant, idempotency_key): %w", err)
+	}
+	type index struct{ name, constraint string }
+	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (index, error) {
+		var i index
+		err := row.Scan(&i.name, &i.constraint)
+		return i, err
+	})
+	if err != nil {
+		return fmt.Errorf("look up the unique index on (tenant, idempotency_key): %w", err)
+	}
+	if !sameTx {
+		if len(found) > 0 {
+			return nil
+		}
+		_, err := tx.Exec(ctx, `CREATE UNIQUE INDEX `+keyIndexName+` ON `+t.name+` (tenant, idempotency_key)`)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "23505" {
+			return errors.New("payments: migrate: " + errDuplicateKeys + "; keep the records in this database (no --store), or give --db another database")
+		}
+		return err
+	}
+	for _, i := range found {
+		var q string
+		switch {
+		case i.constraint != "":
+			q = `ALTER TABLE ` + t.name + ` DROP CONSTRAINT ` + pgx.Identifier{i.constraint}.Sanitize()
+		case strings.HasSuffix(i.name, keyIndexName):
+			q = `DROP INDEX ` + i.name
+		default:
+			continue // somebody else's index: left alone
+		}
+		if _, err := tx.Exec(ctx, q); err != nil {
+			return fmt.Errorf("drop the unique index on (tenant, idempotency_key): %w", err)
+		}
+	}
+	return nil
 }
 
 // migrateTimeout bounds a migration, the wait for another instance's
@@ -112,9 +170,8 @@ func pgPaymentsTable(ctx context.Context, tx pgx.Tx) (*pgTable, error) {
 }
 
 // check returns a *SchemaError unless t has every column of want and,
-// where they exist, the columns of optional, with the demo's types, no
-// other column an insert must set, and a unique constraint on (tenant,
-// idempotency_key), which the demo's inserts name in ON CONFLICT.
+// where they exist, the columns of optional, with the demo's types, and no
+// other column an insert must set.
 func (t *pgTable) check(ctx context.Context, tx pgx.Tx, want, optional []column) error {
 	fail := func(problems []string) error {
 		return &SchemaError{Table: t.name, Problems: problems,
@@ -126,17 +183,6 @@ func (t *pgTable) check(ctx context.Context, tx pgx.Tx, want, optional []column)
 	}
 	if problems := shapeProblems(t.columns, want, optional, func(c column) string { return c.pg }); len(problems) > 0 {
 		return fail(problems)
-	}
-	// The statement's analysis checks the conflict target as the
-	// inserts use it, without writing anything.
-	_, err := tx.Exec(ctx, `EXPLAIN INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
-		VALUES (NULL, NULL, NULL, NULL, NULL, NULL, NULL) ON CONFLICT (tenant, idempotency_key) DO NOTHING`)
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "42P10" { // invalid_column_reference: no matching unique index
-		return fail([]string{"it has no unique constraint on (tenant, idempotency_key)"})
-	}
-	if err != nil {
-		return fmt.Errorf("check the payments table: %w", err)
 	}
 	return nil
 }
@@ -159,8 +205,11 @@ func (r PostgresRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
 	} else if err != nil {
 		return Payment{}, fmt.Errorf("payments: insert: %w", err)
 	}
-	const insert = `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant, idempotency_key) DO NOTHING`
+	insert := `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`
+	if !r.SameTx {
+		insert += onConflictPostgres
+	}
 	args := []any{p.ID, p.tenant, p.key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt}
 	var tag pgconn.CommandTag
 	if own {
@@ -194,7 +243,7 @@ func (r PostgresRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
 		}
 		return Payment{}, fmt.Errorf("payments: insert: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if tag.RowsAffected() == 0 && !r.SameTx {
 		if p, err = scanPostgres(tx.QueryRow(ctx, selectPostgres+` WHERE tenant = $1 AND idempotency_key = $2`, p.tenant, p.key)); err != nil {
 			return Payment{}, fmt.Errorf("payments: insert: %w", err)
 		}
@@ -226,6 +275,10 @@ func rejected(err error) *RejectedError {
 	}
 	return nil
 }
+
+// onConflictPostgres makes an insert leave the payment already stored for
+// the tenant and key in place (records kept elsewhere).
+const onConflictPostgres = ` ON CONFLICT (tenant, idempotency_key) DO NOTHING`
 
 const selectPostgres = `SELECT id, amount_cents, currency, reference, created_at FROM payments`
 

@@ -15,6 +15,13 @@ import (
 // SQLiteRepo keeps payments in the SQLite file of a sqlitestore.Store.
 type SQLiteRepo struct {
 	Store *sqlitestore.Store
+	// SameTx says that each payment's row commits in one transaction
+	// with its completed record (idem serve without --store and without
+	// --provider): the table then needs no unique index on (tenant,
+	// idempotency_key), and Migrate removes it (see keyIndexName). Without it, Migrate creates the index
+	// and Insert returns the payment already stored for the same tenant
+	// and key.
+	SameTx bool
 	// st holds the statements Prepare compiled; nil: every call has its
 	// SQL parsed again.
 	st *sqliteStatements
@@ -29,15 +36,25 @@ type sqliteStatements struct {
 
 const (
 	insertSQLite = `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, idempotency_key) DO NOTHING`
-	getSQLite = selectSQLite + ` WHERE tenant = ? AND id = ?`
+		VALUES (?, ?, ?, ?, ?, ?, ?)`
+	onConflictSQLite = ` ON CONFLICT (tenant, idempotency_key) DO NOTHING`
+	getSQLite        = selectSQLite + ` WHERE tenant = ? AND id = ?`
 )
+
+// insertSQL is the payment insert: with the records elsewhere, it leaves
+// the payment already stored for the tenant and key in place.
+func (r SQLiteRepo) insertSQL() string {
+	if r.SameTx {
+		return insertSQLite
+	}
+	return insertSQLite + onConflictSQLite
+}
 
 // Prepare returns the repo with its request-path statements (Insert on
 // the writer, Get on the readers) prepared once; call it after Migrate,
 // and Close the returned repo before the store.
 func (r SQLiteRepo) Prepare(ctx context.Context) (SQLiteRepo, error) {
-	ins, err := r.Store.DB().PrepareContext(ctx, insertSQLite)
+	ins, err := r.Store.DB().PrepareContext(ctx, r.insertSQL())
 	if err != nil {
 		return r, fmt.Errorf("payments: prepare: %w", err)
 	}
@@ -77,17 +94,119 @@ func (r SQLiteRepo) Migrate(ctx context.Context) error {
 	if err := checkSQLiteTable(ctx, tx, baseColumns, stepColumns); err != nil {
 		return err
 	}
+	if err := r.migrateKeyIndex(ctx, tx); err != nil {
+		return err
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("payments: migrate: %w", err)
 	}
 	return nil
 }
 
+// migrateKeyIndex gives the table the unique index on (tenant,
+// idempotency_key) unless the records share the payment's transaction,
+// and takes it away if they do (see keyIndexName): a table created
+// before held it as a constraint, which SQLite can only drop by copying
+// the table.
+func (r SQLiteRepo) migrateKeyIndex(ctx context.Context, tx *sql.Tx) error {
+	rows, err := tx.QueryContext(ctx, `SELECT l.name, l.origin FROM pragma_index_list('payments') l
+		WHERE l."unique" AND NOT l.partial AND (SELECT group_concat(name, ',') FROM
+			(SELECT name FROM pragma_index_info(l.name) ORDER BY seqno)) = 'tenant,idempotency_key'`)
+	if err != nil {
+		return fmt.Errorf("payments: migrate: %w", err)
+	}
+	var ours, constraint bool
+	for rows.Next() {
+		var name, origin string
+		if err := rows.Scan(&name, &origin); err != nil {
+			rows.Close()
+			return fmt.Errorf("payments: migrate: %w", err)
+		}
+		ours = ours || name == keyIndexName
+		constraint = constraint || origin == "u"
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("payments: migrate: %w", err)
+	}
+	switch {
+	case !r.SameTx && (ours || constraint):
+		return nil
+	case !r.SameTx:
+		_, err := tx.ExecContext(ctx, `CREATE UNIQUE INDEX `+keyIndexName+` ON payments (tenant, idempotency_key)`)
+		var se interface{ Code() int }
+		if errors.As(err, &se) && se.Code() == sqliteConstraintUnique {
+			return errors.New("payments: migrate: " + errDuplicateKeys + "; keep the records in this file (no --store), or give --db another SQLite file")
+		}
+		if err != nil {
+			return fmt.Errorf("payments: migrate: %w", err)
+		}
+		return nil
+	}
+	if ours {
+		if _, err := tx.ExecContext(ctx, `DROP INDEX `+keyIndexName); err != nil {
+			return fmt.Errorf("payments: migrate: %w", err)
+		}
+	}
+	if constraint {
+		if err := rebuildSQLite(ctx, tx); err != nil {
+			return fmt.Errorf("payments: migrate: drop the unique constraint on (tenant, idempotency_key): %w", err)
+		}
+	}
+	return nil
+}
+
+// rebuildSQLite copies the payments table into one with the same columns
+// and no table constraint, and puts the copy in its place: SQLite's way of
+// dropping a constraint (https://sqlite.org/lang_altertable.html#otheralter).
+// The demo's table has no index of its own besides the primary key's.
+func rebuildSQLite(ctx context.Context, tx *sql.Tx) error {
+	rows, err := tx.QueryContext(ctx, `SELECT name, type, "notnull", dflt_value, pk FROM pragma_table_info('payments') ORDER BY cid`)
+	if err != nil {
+		return err
+	}
+	var defs, names []string
+	for rows.Next() {
+		var name, typ string
+		var notNull bool
+		var dflt sql.NullString
+		var pk int
+		if err := rows.Scan(&name, &typ, &notNull, &dflt, &pk); err != nil {
+			rows.Close()
+			return err
+		}
+		q := `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+		d := q + " " + typ
+		if pk > 0 {
+			d += " PRIMARY KEY"
+		}
+		if notNull {
+			d += " NOT NULL"
+		}
+		if dflt.Valid {
+			d += " DEFAULT " + dflt.String
+		}
+		defs, names = append(defs, d), append(names, q)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return err
+	}
+	cols := strings.Join(names, ", ")
+	for _, q := range []string{
+		`CREATE TABLE payments_rebuild (` + strings.Join(defs, ", ") + `)`,
+		`INSERT INTO payments_rebuild (` + cols + `) SELECT ` + cols + ` FROM payments`,
+		`DROP TABLE payments`,
+		`ALTER TABLE payments_rebuild RENAME TO payments`,
+	} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkSQLiteTable returns a *SchemaError unless the payments table has
 // every column of want and, where they exist, the columns of optional,
-// with the demo's type affinities, no other column an insert must set, and
-// a unique constraint on (tenant, idempotency_key), which the demo's
-// inserts name in ON CONFLICT.
+// with the demo's type affinities, and no other column an insert must set.
 func checkSQLiteTable(ctx context.Context, tx *sql.Tx, want, optional []column) error {
 	fail := func(problems []string) error {
 		return &SchemaError{Table: "payments", Problems: problems,
@@ -120,18 +239,6 @@ func checkSQLiteTable(ctx context.Context, tx *sql.Tx, want, optional []column) 
 	if problems := shapeProblems(got, want, optional, func(c column) string { return c.sqlite }); len(problems) > 0 {
 		return fail(problems)
 	}
-	// Compiling the insert (EXPLAIN runs nothing) checks its conflict
-	// target as the inserts use it.
-	rows, err = tx.QueryContext(ctx, `EXPLAIN `+insertSQLite, nil, nil, nil, nil, nil, nil, nil)
-	if err == nil {
-		err = rows.Close()
-	}
-	if err != nil {
-		if strings.Contains(err.Error(), "ON CONFLICT clause does not match") {
-			return fail([]string{"it has no unique constraint on (tenant, idempotency_key)"})
-		}
-		return fmt.Errorf("payments: check the payments table: %w", err)
-	}
 	return nil
 }
 
@@ -159,7 +266,7 @@ func (r SQLiteRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
 		// statement after its first use.
 		res, err = tx.StmtContext(ctx, r.st.insert).ExecContext(ctx, args...)
 	} else {
-		res, err = tx.ExecContext(ctx, insertSQLite, args...)
+		res, err = tx.ExecContext(ctx, r.insertSQL(), args...)
 	}
 	if err != nil {
 		if re := rejectedSQLite(err); re != nil {
@@ -167,7 +274,7 @@ func (r SQLiteRepo) Insert(ctx context.Context, p Payment) (Payment, error) {
 		}
 		return Payment{}, fmt.Errorf("payments: insert: %w", err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if n, _ := res.RowsAffected(); n == 0 && !r.SameTx {
 		// The same tenant and key already paid: a re-execution after a
 		// crash. Return that payment.
 		if p, err = scanSQLite(tx.QueryRowContext(ctx, selectSQLite+` WHERE tenant = ? AND idempotency_key = ?`, p.tenant, p.key)); err != nil {

@@ -40,6 +40,9 @@ func (r PostgresRepo) MigrateSteps(ctx context.Context) ([]byte, error) {
 		if err := t.check(ctx, tx, slices.Concat(baseColumns, stepColumns), nil); err != nil {
 			return err
 		}
+		if err := t.migrateKeyIndex(ctx, tx, r.SameTx); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `INSERT INTO payments_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING`, fresh); err != nil {
 			return err
 		}
@@ -57,13 +60,17 @@ func (r PostgresRepo) InsertPending(ctx context.Context, p StepPayment) (StepPay
 	if err != nil {
 		return p, fmt.Errorf("payments: insert: %w", err)
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at, status, provider_key)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8) ON CONFLICT (tenant, idempotency_key) DO NOTHING`,
+	insert := `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at, status, provider_key)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8)`
+	if !r.SameTx {
+		insert += onConflictPostgres
+	}
+	tag, err := tx.Exec(ctx, insert,
 		p.ID, p.Tenant, p.Key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt, p.ProviderKey)
 	if err != nil {
 		return p, fmt.Errorf("payments: insert: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if tag.RowsAffected() == 0 && !r.SameTx {
 		got, err := scanStepPostgres(tx.QueryRow(ctx, selectStepPostgres+` WHERE tenant = $1 AND idempotency_key = $2`, p.Tenant, p.Key))
 		if err != nil {
 			return p, fmt.Errorf("payments: insert: %w", err)

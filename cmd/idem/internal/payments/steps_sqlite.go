@@ -56,6 +56,9 @@ func (r SQLiteRepo) MigrateSteps(ctx context.Context) ([]byte, error) {
 	if err := checkSQLiteTable(ctx, tx, slices.Concat(baseColumns, stepColumns), nil); err != nil {
 		return nil, err
 	}
+	if err := r.migrateKeyIndex(ctx, tx); err != nil {
+		return nil, err
+	}
 	var secret []byte
 	if err := tx.QueryRowContext(ctx, `SELECT secret FROM payments_secret WHERE id = 1`).Scan(&secret); err != nil {
 		return nil, fmt.Errorf("payments: migrate steps: %w", err)
@@ -72,13 +75,17 @@ func (r SQLiteRepo) InsertPending(ctx context.Context, p StepPayment) (StepPayme
 	if err != nil {
 		return p, fmt.Errorf("payments: insert: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at, status, provider_key)
-		VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT (tenant, idempotency_key) DO NOTHING`,
+	insert := `INSERT INTO payments (id, tenant, idempotency_key, amount_cents, currency, reference, created_at, status, provider_key)
+		VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)`
+	if !r.SameTx {
+		insert += onConflictSQLite
+	}
+	res, err := tx.ExecContext(ctx, insert,
 		p.ID, p.Tenant, p.Key, p.AmountCents, p.Currency, p.Reference, p.CreatedAt.Format(time.RFC3339Nano), p.ProviderKey)
 	if err != nil {
 		return p, fmt.Errorf("payments: insert: %w", err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if n, _ := res.RowsAffected(); n == 0 && !r.SameTx {
 		got, err := scanStepSQLite(tx.QueryRowContext(ctx, selectStepSQLite+` WHERE tenant = ? AND idempotency_key = ?`, p.Tenant, p.Key))
 		if err != nil {
 			return p, fmt.Errorf("payments: insert: %w", err)
