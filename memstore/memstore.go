@@ -62,7 +62,10 @@ type recordKey struct{ scope, key string }
 // record has few: times are Unix nanoseconds, and a completed record's
 // response is one byte slice in idemstore.Response's binary encoding
 // (pointer-free), instead of a Response with a header map, its value
-// slices and strings. Together that measured ... (docs/BENCHMARKS.md).
+// slices and strings. With 150,000 completed records of the middleware's
+// benchmark, that halves the heap the collector scans (92 to 42 MB) and
+// its objects (1.2 million to 0.45 million); a replay decodes the
+// response instead, in a few allocations.
 // A record must stay within 128 bytes, beyond which the map would hold it
 // through a pointer of its own.
 type record struct {
