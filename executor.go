@@ -74,6 +74,9 @@ type Executor struct {
 	// unstalling reports that the request path's store calls cannot
 	// stall, so that they need no deadline of their own (see storeCall).
 	unstalling bool
+
+	// renewals schedules the lease renewals of running operations.
+	renewals renewals
 }
 
 // storeCall returns the context for one store call of the request path

@@ -24,6 +24,8 @@ type Middleware struct {
 	fields *fieldSelection
 	// scopes caches the record scope of each route pattern (see scope).
 	scopes sync.Map
+	// expiry caches the text of the last expiry sent.
+	expiry expiryCache
 	// netHTTPOnly names a Config field set that only a net/http request
 	// can satisfy (see httpidem.Engine).
 	netHTTPOnly string

@@ -16,6 +16,11 @@ import (
 // keep failing until the lease has run out, it cancels the operation's
 // context with cause ErrLeaseLost. Its lock guards its fields only: it is
 // never held across a store call, an observer or a log handler.
+//
+// A renewer costs nothing until its operation outlives a third of its
+// lease: it waits in its Executor's renewal schedule (a list, without a
+// timer or goroutine of its own), and only a renewal that falls due runs,
+// on a goroutine of its own.
 type renewer struct {
 	e      *Executor
 	ctx    context.Context // the request's values, without its cancellation
@@ -25,26 +30,30 @@ type renewer struct {
 	every  time.Duration
 
 	mu       sync.Mutex
-	timer    *time.Timer
 	stopped  bool
 	lost     bool // the store refused a renewal: another owner has the record
 	leaseEnd time.Time
 	inflight context.CancelFunc // cancels the renewal in progress
+
+	// Guarded by the schedule's lock.
+	due        time.Time // on the monotonic clock
+	prev, next *renewer
+	queued     bool
 }
 
-// start arms the first renewal of x's lease, claimed with cp; ctx is the
-// request's values without its cancellation, cancel ends the operation.
+// start schedules the first renewal of x's lease, claimed with cp; ctx is
+// the request's values without its cancellation, cancel ends the
+// operation.
 func (r *renewer) start(ctx context.Context, x *execution, cp idemstore.ClaimParams, cancel context.CancelCauseFunc) {
 	r.e, r.ctx, r.x, r.cancel = x.e, ctx, x, cancel
 	r.params = idemstore.RenewParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Lease: cp.Lease}
 	r.every = cp.Lease / 3
 	r.leaseEnd = cp.Now.Add(cp.Lease)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.timer = time.AfterFunc(r.every, r.fire)
+	r.e.renewals.add(r)
 }
 
-func (r *renewer) fire() {
+// renew runs one renewal that fell due, and schedules the next.
+func (r *renewer) renew() {
 	r.mu.Lock()
 	if r.stopped {
 		r.mu.Unlock()
@@ -77,7 +86,7 @@ func (r *renewer) fire() {
 		leaseOver = !r.e.cfg.NowFunc().Before(r.leaseEnd)
 	}
 	if !stopped && !r.lost && !leaseOver {
-		r.timer.Reset(r.every)
+		r.e.renewals.add(r) // under r.mu, so that stop finds it queued
 	}
 	r.inflight = nil
 	r.mu.Unlock()
@@ -116,8 +125,8 @@ func (r *renewer) stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stopped = true
-	if r.timer != nil { // nil when no renewal ran (an uncommitted claim)
-		r.timer.Stop()
+	if r.e != nil { // nil when no renewal was scheduled (an uncommitted claim)
+		r.e.renewals.remove(r)
 	}
 	if r.inflight != nil {
 		r.inflight()
@@ -130,4 +139,104 @@ func (r *renewer) lostByStore() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lost
+}
+
+// renewals is an Executor's renewal schedule: the renewers of its running
+// operations in the order their renewals fall due, and one timer, armed
+// for the earliest. An operation that ends before its first renewal only
+// joins and leaves the list: no timer of its own (two allocations and a
+// runtime timer per call, docs/BENCHMARKS.md) and no goroutine. A renewal
+// that falls due runs on a goroutine of its own, so that a store that
+// stalls one renewal delays no other; each is bounded by StoreTimeout.
+//
+// Lock order: a renewer's lock, then the schedule's.
+type renewals struct {
+	mu         sync.Mutex
+	head, tail *renewer
+	timer      *time.Timer // made on first use
+	armed      time.Time   // when the timer fires; zero if it is not armed
+}
+
+// add schedules r's next renewal a third of a lease from now.
+func (s *renewals) add(r *renewer) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r.due = now.Add(r.every)
+	// Every operation of an Executor has the same lease, so a renewal
+	// joins at the tail; the walk keeps the order for any other.
+	at := s.tail
+	for at != nil && at.due.After(r.due) {
+		at = at.prev
+	}
+	r.prev, r.queued = at, true
+	if at == nil {
+		r.next, s.head = s.head, r
+	} else {
+		r.next, at.next = at.next, r
+	}
+	if r.next == nil {
+		s.tail = r
+	} else {
+		r.next.prev = r
+	}
+	if s.head == r && (s.armed.IsZero() || r.due.Before(s.armed)) {
+		s.arm(r.due.Sub(now), r.due)
+	}
+}
+
+// remove takes r out of the schedule, if it is there. The timer stays
+// armed: when it fires for nothing, it re-arms for the new head.
+func (s *renewals) remove(r *renewer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !r.queued {
+		return
+	}
+	if r.prev == nil {
+		s.head = r.next
+	} else {
+		r.prev.next = r.next
+	}
+	if r.next == nil {
+		s.tail = r.prev
+	} else {
+		r.next.prev = r.prev
+	}
+	r.prev, r.next, r.queued = nil, nil, false
+}
+
+// arm sets the timer to fire after d, at due. The caller holds s.mu.
+func (s *renewals) arm(d time.Duration, due time.Time) {
+	s.armed = due
+	if s.timer == nil {
+		s.timer = time.AfterFunc(d, s.fire)
+		return
+	}
+	s.timer.Reset(d)
+}
+
+// fire starts the renewals that are due and re-arms the timer for the
+// next.
+func (s *renewals) fire() {
+	now := time.Now()
+	s.mu.Lock()
+	s.armed = time.Time{}
+	var due []*renewer
+	for s.head != nil && !s.head.due.After(now) {
+		r := s.head
+		s.head = r.next
+		r.prev, r.next, r.queued = nil, nil, false
+		due = append(due, r)
+	}
+	if s.head == nil {
+		s.tail = nil
+	} else {
+		s.head.prev = nil
+		s.arm(s.head.due.Sub(now), s.head.due)
+	}
+	s.mu.Unlock()
+	for _, r := range due {
+		go r.renew()
+	}
 }

@@ -73,7 +73,11 @@ func uvarintLen(x uint64) int {
 }
 
 // UnmarshalBinary decodes a response encoded by MarshalBinary. The body
-// aliases data; callers that reuse data must copy it first.
+// aliases data; callers that reuse data must copy it first. The header
+// fields' names and values share one string, and their value slices one
+// array (each capped, so that an append copies): a decoded response costs
+// a few allocations whatever its number of fields, which matters to a
+// store that decodes on every replay (memstore).
 func (r *Response) UnmarshalBinary(data []byte) error {
 	d := decoder{b: data}
 	if d.byte() != responseEncodingV1 {
@@ -87,19 +91,43 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 	}
 	var h http.Header
 	if nh > 0 {
-		h = make(http.Header, nh)
-	}
-	for i := uint64(0); i < nh && d.err == nil; i++ {
-		name := string(d.field())
-		nv := d.uvarint()
-		if nv > uint64(len(data)) {
+		// A first pass checks the fields and counts their values.
+		start, total := len(data)-len(d.b), uint64(0)
+		for i := uint64(0); i < nh && d.err == nil; i++ {
+			d.field()
+			nv := d.uvarint()
+			if nv > uint64(len(d.b)) {
+				return errBadResponseEncoding
+			}
+			for j := uint64(0); j < nv && d.err == nil; j++ {
+				d.field()
+			}
+			total += nv
+		}
+		if d.err != nil {
 			return errBadResponseEncoding
 		}
-		vs := make([]string, nv)
-		for j := range vs {
-			vs[j] = string(d.field())
+		// The second pass takes the names and values out of one string.
+		fields := data[start : len(data)-len(d.b)]
+		text := string(fields)
+		t := decoder{b: fields}
+		str := func() string {
+			n := len(t.field())
+			end := len(text) - len(t.b)
+			return text[end-n : end]
 		}
-		h[name] = vs
+		h = make(http.Header, nh)
+		values := make([]string, total)
+		for range nh {
+			name := str()
+			nv := int(t.uvarint())
+			vs := values[:nv:nv]
+			values = values[nv:]
+			for j := range vs {
+				vs[j] = str()
+			}
+			h[name] = vs
+		}
 	}
 	body := d.field()
 	if d.err != nil || len(d.b) != 0 || status < 100 || status > 999 {

