@@ -96,7 +96,22 @@ step "fuzz every parser (${fuzztime} per target; FUZZTIME=0 skips)"
 if [[ "$fuzztime" != 0 ]]; then
 	dirs=$(git grep -l '^func Fuzz' -- '*_test.go' | xargs -r -n1 dirname | sort -u)
 	[[ -n "$dirs" ]] || { echo "no fuzz targets found"; exit 1; }
+	# FUZZBUDGET=N (seconds) stops starting packages once the stage has run
+	# N seconds; the packages left then ran only their seed corpora (the go
+	# test stage above runs every Fuzz function on its seeds). The order
+	# rotates by the day of the year, so that successive days' runs start
+	# with different packages and every package gets fuzzed.
+	if [[ -n "${FUZZBUDGET:-}" ]]; then
+		n=$(wc -w <<<"$dirs")
+		shift_by=$((10#$(date -u +%j) % n))
+		dirs=$( (tail -n +$((shift_by + 1)) <<<"$dirs"; head -n "$shift_by" <<<"$dirs") )
+	fi
+	fuzz_start=$SECONDS
 	for dir in $dirs; do
+		if [[ -n "${FUZZBUDGET:-}" ]] && ((SECONDS - fuzz_start >= FUZZBUDGET)); then
+			echo "--- budget of ${FUZZBUDGET}s spent: $dir not fuzzed in this run (its seeds ran in the go test stage)"
+			continue
+		fi
 		pkg=$(cd "$dir" && go list .)
 		bin="$fuzzbin/${pkg//\//_}.test"
 		(cd "$dir" && go test -c -fuzz . -o "$bin" .)
