@@ -197,10 +197,15 @@ func TestServeEventsBrokerUnreachableAtStart(t *testing.T) {
 					line = l
 				}
 			}
-			for _, want := range []string{`"level":"WARN"`, "guest:xxxxx@" + hp, "connection refused"} {
+			for _, want := range []string{`"level":"WARN"`, "guest:xxxxx@" + hp} {
 				if !strings.Contains(line, want) {
 					t.Errorf("the start-up warning lacks %q: %q\nlog:\n%s", want, line, s.log.tail(20))
 				}
+			}
+			// The dial's own error: refused, or, when the machine is so loaded
+			// that the start-up dial's deadline passes first, its timeout.
+			if !strings.Contains(line, "connection refused") && !strings.Contains(line, "dial tcp "+hp+": i/o timeout") {
+				t.Errorf("the start-up warning lacks the dial's error: %q\nlog:\n%s", line, s.log.tail(20))
 			}
 			a, err := getReadyz(s.url)
 			if err != nil || a.code != http.StatusServiceUnavailable || a.Checks["broker"].Status != "down" ||
