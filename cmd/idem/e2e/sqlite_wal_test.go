@@ -3,45 +3,22 @@ package e2e
 import (
 	"bytes"
 	"database/sql"
-	bin "encoding/binary"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/idemhq/idem/cmd/idem/internal/sqlitewal"
 )
 
 // walCommits counts the transactions committed to the SQLite database at
-// path since its write-ahead log last restarted: the WAL's valid frames
-// (those carrying the header's salts) whose commit field, the database
-// size after the commit, is not zero. Each write transaction ends in
-// exactly one such frame.
+// path since its write-ahead log last restarted (see sqlitewal.Read).
 func walCommits(t *testing.T, path string) int {
 	t.Helper()
-	wal, err := os.ReadFile(path + "-wal")
+	c, err := sqlitewal.Read(path)
 	if err != nil {
 		t.Fatalf("read the WAL: %v", err)
 	}
-	const headerLen, frameHeaderLen = 32, 24
-	if len(wal) < headerLen {
-		return 0
-	}
-	be := bin.BigEndian
-	pageSize := int(be.Uint32(wal[8:12]))
-	if pageSize == 1 {
-		pageSize = 65536
-	}
-	salt1, salt2 := be.Uint32(wal[16:20]), be.Uint32(wal[20:24])
-	commits := 0
-	for off := headerLen; off+frameHeaderLen+pageSize <= len(wal); off += frameHeaderLen + pageSize {
-		h := wal[off : off+frameHeaderLen]
-		if be.Uint32(h[8:12]) != salt1 || be.Uint32(h[12:16]) != salt2 {
-			break // left over from before the WAL restarted
-		}
-		if be.Uint32(h[4:8]) != 0 {
-			commits++
-		}
-	}
-	return commits
+	return c.Commits
 }
 
 // On SQLite a first execution of idem serve's payments costs exactly one

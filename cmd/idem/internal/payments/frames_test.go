@@ -3,51 +3,27 @@ package payments
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemhq/idem"
+	"github.com/idemhq/idem/cmd/idem/internal/sqlitewal"
 	"github.com/idemhq/idem/sqlitestore"
 )
 
 // walFrames returns the number of valid frames in the write-ahead log of
-// the SQLite database at path: those carrying the log header's salts. With
-// wal_autocheckpoint off the log never restarts, so the difference between
-// two calls is the number of pages the commits in between wrote.
+// the SQLite database at path (see sqlitewal.Read).
 func walFrames(t testing.TB, path string) int {
 	t.Helper()
-	wal, err := os.ReadFile(path + "-wal")
-	if os.IsNotExist(err) {
-		return 0
-	}
+	c, err := sqlitewal.Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const headerLen, frameHeaderLen = 32, 24
-	if len(wal) < headerLen {
-		return 0
-	}
-	be := binary.BigEndian
-	pageSize := int(be.Uint32(wal[8:12]))
-	if pageSize == 1 {
-		pageSize = 65536
-	}
-	salt1, salt2 := be.Uint32(wal[16:20]), be.Uint32(wal[20:24])
-	n := 0
-	for off := headerLen; off+frameHeaderLen+pageSize <= len(wal); off += frameHeaderLen + pageSize {
-		h := wal[off : off+frameHeaderLen]
-		if be.Uint32(h[8:12]) != salt1 || be.Uint32(h[12:16]) != salt2 {
-			break
-		}
-		n++
-	}
-	return n
+	return c.Frames
 }
 
 // framesPerPayment makes warm first payments, then n more, through the
