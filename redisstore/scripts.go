@@ -80,8 +80,8 @@ func (sc *script) run(ctx context.Context, c processor, key string, args ...any)
 	copy(a[4:], args)
 	cmd := redis.NewCmd(ctx, a...)
 	cmd.SetFirstKeyPos(3) // the key decides the Cluster slot
-	_ = c.Process(ctx, cmd)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	// HasErrorPrefix allocates even for a nil error: ask it only about one.
+	if err := c.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		a[0], a[1] = "eval", sc.src
 		cmd = redis.NewCmd(ctx, a...)
 		cmd.SetFirstKeyPos(3)
