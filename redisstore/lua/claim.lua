@@ -27,10 +27,11 @@
 -- Every Lua call costs (Redis spends more on this script's Lua than on
 -- its commands): one HMGET reads everything an answer needs, the response
 -- included (a completed record has no lease, an in-flight one no
--- response); strings become numbers by arithmetic, not tonumber; numbers
+-- response), but not the fence n, which only a take-over needs; strings
+-- become numbers by arithmetic, not tonumber; numbers
 -- become strings by string.format('%d'), because Lua's own conversion
 -- keeps only 14 significant digits (and is slower).
-local v = redis.call('HMGET', KEYS[1], 'f', 'l', 'e', 'n', 'r')
+local v = redis.call('HMGET', KEYS[1], 'f', 'l', 'e', 'r')
 local fp, lease, exp = v[1], v[2], v[3]
 -- Redis checks a key's expiry against the time the script started, so a
 -- record the script sees was live then: a mismatch or a completed record
@@ -40,7 +41,7 @@ if fp then
     return {4, tonumber(lease) or 0, tonumber(exp) or 0, fp}
   end
   if not lease then
-    return {2, tonumber(exp) or 0, v[5]}
+    return {2, tonumber(exp) or 0, v[4]}
   end
 end
 local t = redis.call('TIME')
@@ -56,19 +57,21 @@ if not fp then
   return fence
 end
 -- The key holds an in-flight record with this fingerprint.
-local n = tonumber(v[4])
+exp = tonumber(exp)
+local gone = exp and now >= exp
+if not gone and now < tonumber(lease) then
+  return {3, tonumber(lease), exp or 0}
+end
+local n = tonumber(redis.call('HGET', KEYS[1], 'n'))
 if n and n >= fence then
   fence = n + 1
 end
 local took = 1
-exp = tonumber(exp)
-if exp and now >= exp then
+if gone then
   -- Its retention ended while the script ran (it is visible, see above):
   -- by the clock it is gone, and the key is claimed anew.
   redis.call('DEL', KEYS[1])
   took = 0
-elseif now < tonumber(lease) then
-  return {3, tonumber(lease), exp or 0}
 elseif exp then
   -- The owner's lease ran out: take the record over. A take-over keeps
   -- the record's retention: it never extends it.
