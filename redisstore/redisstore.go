@@ -153,22 +153,40 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 	if lease <= 0 || ttl <= 0 {
 		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim needs a lease and TTL of at least a millisecond, got %v and %v", p.Lease, p.TTL)
 	}
-	v, err := s.run(ctx, claimScript, s.Key(p.Scope, p.Key), p.Fingerprint, p.Token, lease, ttl).Slice()
+	v, err := s.run(ctx, claimScript, s.Key(p.Scope, p.Key), p.Fingerprint, p.Token, lease, ttl).Result()
 	if err != nil {
 		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	r, err := parseClaim(v, p.Fingerprint, lease, ttl)
-	if err != nil {
-		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	switch v := v.(type) {
+	case int64: // a new key: v is its fence
+		return acquiredNew(v, p.Fingerprint, lease, ttl), nil
+	case []any:
+		r, err := parseClaim(v, p.Fingerprint)
+		if err != nil {
+			return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+		}
+		return r, nil
 	}
-	return r, nil
+	return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: unexpected script reply %v", v)
 }
 
-// parseClaim turns claimScript's reply into a ClaimResult. fp, leaseMs
-// and ttlMs are the claim's arguments: the reply repeats the fingerprint
-// only for a mismatch, and gives a new key's lease end and expiry by its
-// fence (see lua/claim.lua).
-func parseClaim(v []any, fp string, leaseMs, ttlMs int64) (idemstore.ClaimResult, error) {
+// acquiredNew is the ClaimResult of a claim of a new key, whose script
+// replied its fence only: the Redis clock in microseconds, from which the
+// lease end and expiry follow with the claim's leaseMs and ttlMs (see
+// lua/claim.lua).
+func acquiredNew(fence int64, fp string, leaseMs, ttlMs int64) idemstore.ClaimResult {
+	now := fence / 1000
+	var r idemstore.ClaimResult
+	r.Outcome, r.Record.State, r.Record.Fingerprint, r.Record.Fence = idemstore.ClaimAcquired, idemstore.StateInFlight, fp, fence
+	r.Record.LeaseExpiresAt = time.UnixMilli(now + leaseMs).UTC()
+	r.Record.ExpiresAt = time.UnixMilli(now + ttlMs).UTC()
+	return r
+}
+
+// parseClaim turns claimScript's array reply (every outcome but a new
+// key's) into a ClaimResult. fp is the claim's fingerprint: the reply
+// repeats it only for a mismatch.
+func parseClaim(v []any, fp string) (idemstore.ClaimResult, error) {
 	num := func(i int) (int64, bool) {
 		if i >= len(v) {
 			return 0, false
@@ -184,18 +202,7 @@ func parseClaim(v []any, fp string, leaseMs, ttlMs int64) (idemstore.ClaimResult
 	r.Record.State, r.Record.Fingerprint = idemstore.StateInFlight, fp
 	var lease, exp int64
 	switch outcome {
-	case claimAcquired:
-		if len(v) == 2 { // {1, fence}: a new key, whose fence is the Redis clock in µs
-			fence, ok := num(1)
-			if !ok {
-				return idemstore.ClaimResult{}, fmt.Errorf("unexpected acquired reply %v", v)
-			}
-			now := fence / 1000
-			r.Outcome, r.Record.Fence = idemstore.ClaimAcquired, fence
-			lease, exp = now+leaseMs, now+ttlMs
-			break
-		}
-		// {1, took over, lease end, expires at, fence}
+	case claimAcquired: // {1, took over, lease end, expires at, fence}
 		took, ok1 := num(1)
 		l, ok2 := num(2)
 		e, ok3 := num(3)
@@ -254,7 +261,9 @@ func parseClaim(v []any, fp string, leaseMs, ttlMs int64) (idemstore.ClaimResult
 }
 
 // Renew implements idemstore.Store. The lease counts from the Redis server's
-// clock; p.Now is ignored.
+// clock; p.Now is ignored. A renewal never moves the lease's end earlier
+// (with a shorter Lease, or after the Redis clock went back): fences rely
+// on it (see lua/claim.lua).
 func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	lease := p.Lease.Milliseconds()
 	if lease <= 0 {

@@ -16,7 +16,9 @@ import (
 //	t  the owner token            (in flight only)
 //	l  the end of the lease, ms   (in flight only)
 //	r  the encoded response       (completed only)
-//	n  the fence of the last claim: Redis clock microseconds, kept growing
+//	n  the fence of the last take-over: Redis clock microseconds, kept
+//	   growing (absent until a take-over: a new key's claim does not
+//	   store its fence, see lua/claim.lua; v0.2.0 stores it always)
 //
 // The key expires at e (PEXPIREAT), so Redis deletes the record when its
 // retention ends. Every transition is one script in lua/, and every lease
@@ -78,8 +80,8 @@ func (sc *script) run(ctx context.Context, c processor, key string, args ...any)
 	copy(a[4:], args)
 	cmd := redis.NewCmd(ctx, a...)
 	cmd.SetFirstKeyPos(3) // the key decides the Cluster slot
-	_ = c.Process(ctx, cmd)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	// HasErrorPrefix allocates even for a nil error: ask it only about one.
+	if err := c.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		a[0], a[1] = "eval", sc.src
 		cmd = redis.NewCmd(ctx, a...)
 		cmd.SetFirstKeyPos(3)

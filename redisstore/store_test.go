@@ -110,16 +110,56 @@ func TestRedisExpiryIsRetention(t *testing.T) {
 		t.Fatalf("Complete: %v", err)
 	}
 	expiry("after completion")
-	// A completed record keeps no owner token or lease; it keeps its last
-	// fence (n), so that the key's next claim gets a greater one.
+	// A completed record keeps no owner token or lease, and a new key's
+	// record no fence (n): nothing ever takes a completed record over, and
+	// a take-over of an in-flight one draws a greater fence from the clock
+	// (TestLeaseEndNeverMovesEarlier).
 	fields, err := c.HKeys(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Field order is the server's (it changes with the hash's encoding).
 	slices.Sort(fields)
-	if strings.Join(fields, ",") != "e,f,n,r" {
-		t.Errorf("completed record has fields %v, want e, f, n, r", fields)
+	if strings.Join(fields, ",") != "e,f,r" {
+		t.Errorf("completed record has fields %v, want e, f, r", fields)
+	}
+}
+
+// A new key's record does not store its fence: the next claim's fence is
+// greater because a take-over needs the Redis clock past the lease end,
+// which is later than the fence's millisecond. That holds only if a
+// renewal never moves the lease end earlier, which it would if the Redis
+// clock went back (simulated here by a renewal with a shorter lease): the
+// record keeps the later lease end.
+func TestLeaseEndNeverMovesEarlier(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	s := newStore(t, c, nil)
+	ctx := t.Context()
+	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "tok",
+		Lease: time.Hour, TTL: 2 * time.Hour}
+	r, err := s.Claim(ctx, p)
+	if err != nil || r.Outcome != idemstore.ClaimAcquired {
+		t.Fatalf("Claim: %v %v", r.Outcome, err)
+	}
+	key := s.Key(p.Scope, p.Key)
+	if n, err := c.HExists(ctx, key, "n").Result(); err != nil || n {
+		t.Errorf("a new key's record stores its fence (n): %v %v", n, err)
+	}
+	if err := s.Renew(ctx, idemstore.RenewParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Lease: time.Millisecond}); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	l, err := c.HGet(ctx, key, "l").Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := r.Record.LeaseExpiresAt.UnixMilli(); l != want {
+		t.Errorf("lease end after a renewal to an earlier end: %v, want it kept at %v", time.UnixMilli(l).UTC(), r.Record.LeaseExpiresAt)
+	}
+	q := p
+	q.Token = "other"
+	if r, err := s.Claim(ctx, q); err != nil || r.Outcome != idemstore.ClaimInFlight {
+		t.Errorf("claim by another after the renewal: %v %v, want in flight", r.Outcome, err)
 	}
 }
 
