@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -89,4 +90,15 @@ func newStore(tb testing.TB, c redis.UniversalClient, cfg *redisstore.Config) *r
 		tb.Fatalf("New: %v", err)
 	}
 	return s
+}
+
+// mustAcquire claims p on s and stops the test unless the claim acquired
+// the key.
+func mustAcquire(tb testing.TB, s *redisstore.Store, p idemstore.ClaimParams) idemstore.ClaimResult {
+	tb.Helper()
+	r, err := s.Claim(tb.Context(), p)
+	if err != nil || r.Outcome != idemstore.ClaimAcquired {
+		tb.Fatalf("Claim %s: %v %v", p.Key, r.Outcome, err)
+	}
+	return r
 }

@@ -19,9 +19,7 @@ func TestByID(t *testing.T) {
 	ctx := t.Context()
 	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k1", Fingerprint: fpA, Token: "tok",
 		Lease: time.Minute, TTL: time.Hour, Now: time.Now()}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
-		t.Fatalf("Claim: %v %v", r.Outcome, err)
-	}
+	mustAcquire(t, s, p)
 	id := s.Key(p.Scope, p.Key)
 	ri, err := s.GetByID(ctx, id)
 	if err != nil || ri.State != idemstore.StateInFlight || ri.ID != id || ri.Fingerprint != fpA {

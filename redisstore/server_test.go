@@ -96,9 +96,7 @@ func TestScriptsReloadAfterFlush(t *testing.T) {
 	ctx := t.Context()
 	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "owner",
 		Lease: time.Minute, TTL: time.Hour}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
-		t.Fatalf("Claim: %v %v", r.Outcome, err)
-	}
+	mustAcquire(t, s, p)
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -136,9 +134,7 @@ func TestRestartLosesUnpersistedRecords(t *testing.T) {
 	ctx := t.Context()
 	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "first",
 		Lease: time.Minute, TTL: time.Hour}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
-		t.Fatalf("Claim: %v %v", r.Outcome, err)
-	}
+	mustAcquire(t, s, p)
 	if err := s.Complete(ctx, idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idemstore.Response{StatusCode: 201}}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}

@@ -86,10 +86,7 @@ func TestRedisExpiryIsRetention(t *testing.T) {
 	ctx := t.Context()
 	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "tok",
 		Lease: 10 * time.Second, TTL: time.Hour, Now: time.Now()}
-	r, err := s.Claim(ctx, p)
-	if err != nil || r.Outcome != idemstore.ClaimAcquired {
-		t.Fatalf("Claim: %v %v", r.Outcome, err)
-	}
+	r := mustAcquire(t, s, p)
 	key := s.Key(p.Scope, p.Key)
 	expiry := func(when string) {
 		t.Helper()
@@ -138,10 +135,7 @@ func TestLeaseEndNeverMovesEarlier(t *testing.T) {
 	ctx := t.Context()
 	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "tok",
 		Lease: time.Hour, TTL: 2 * time.Hour}
-	r, err := s.Claim(ctx, p)
-	if err != nil || r.Outcome != idemstore.ClaimAcquired {
-		t.Fatalf("Claim: %v %v", r.Outcome, err)
-	}
+	r := mustAcquire(t, s, p)
 	key := s.Key(p.Scope, p.Key)
 	if n, err := c.HExists(ctx, key, "n").Result(); err != nil || n {
 		t.Errorf("a new key's record stores its fence (n): %v %v", n, err)
@@ -177,9 +171,7 @@ func TestDeleteExpired(t *testing.T) {
 		t.Helper()
 		p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: key, Fingerprint: fpA, Token: "tok-" + key,
 			Lease: ttl, TTL: ttl, Now: time.Now()}
-		if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
-			t.Fatalf("Claim %s: %v %v", key, r.Outcome, err)
-		}
+		mustAcquire(t, s, p)
 		return p
 	}
 	old := claim("old", ttl)
@@ -237,9 +229,7 @@ func TestResponseTooLarge(t *testing.T) {
 	ctx := t.Context()
 	p := idemstore.ClaimParams{Scope: idem.Scope("t", "POST /x"), Key: "k", Fingerprint: fpA, Token: "owner",
 		Lease: time.Minute, TTL: time.Hour}
-	if r, err := s.Claim(ctx, p); err != nil || r.Outcome != idemstore.ClaimAcquired {
-		t.Fatalf("Claim: %v %v", r.Outcome, err)
-	}
+	mustAcquire(t, s, p)
 	complete := func(resp *idemstore.Response) error {
 		return s.Complete(ctx, idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp})
 	}

@@ -3,6 +3,7 @@ package sqlitewal
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"path/filepath"
 	"testing"
 
@@ -109,4 +110,23 @@ func TestParse(t *testing.T) {
 	}
 }
 
-func be32(b []byte, v uint32) { b[0], b[1], b[2], b[3] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v) }
+func be32(b []byte, v uint32) { binary.BigEndian.PutUint32(b, v) }
+
+// Parse reads any bytes without panicking, and never counts more commits
+// than frames or more frames than the input holds.
+func FuzzParse(f *testing.F) {
+	h := make([]byte, headerLen+frameHeaderLen+512)
+	be32(h[8:], 512)
+	be32(h[headerLen+4:], 1)
+	f.Add(h)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, wal []byte) {
+		c := Parse(wal)
+		if c.Commits > c.Frames || c.Frames < 0 {
+			t.Fatalf("Parse = %+v", c)
+		}
+		if c.Frames > 0 && headerLen+c.Frames*(frameHeaderLen+512) > len(wal) {
+			t.Fatalf("Parse = %+v from %d bytes", c, len(wal))
+		}
+	})
+}
