@@ -110,15 +110,7 @@ func TestPostgresFailureCauseLogged(t *testing.T) {
 	if r.status != http.StatusServiceUnavailable || r.problemCode() != "payment.unavailable" {
 		t.Fatalf("payment after the column's rename: %v, want 503 payment.unavailable", r)
 	}
-	var line string
-	for _, l := range strings.Split(s.log.tail(50), "\n") {
-		if strings.Contains(l, `"code":"payment.unavailable"`) && strings.Contains(l, `"level":"ERROR"`) {
-			line = l
-		}
-	}
-	if line == "" {
-		t.Fatalf("no log line for the 503; log:\n%s", s.log.tail(20))
-	}
+	line := s.log.waitLine(t, 10*time.Second, `"code":"payment.unavailable"`, `"level":"ERROR"`)
 	for _, want := range []string{`"key":"` + idem.RedactKey(key) + `"`, `column \"reference\" of relation \"payments\" does not exist`, `"status":503`} {
 		if !strings.Contains(line, want) {
 			t.Errorf("the 503's log line lacks %s: %s", want, line)

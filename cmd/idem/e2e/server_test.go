@@ -210,10 +210,12 @@ type serverLog struct {
 	buf     bytes.Buffer
 	scanned int // bytes of buf already searched for the listening line
 	found   bool
+	// grew is closed, and replaced, whenever output arrives (waitLine).
+	grew chan struct{}
 }
 
 func newServerLog() *serverLog {
-	return &serverLog{listening: make(chan string, 1)}
+	return &serverLog{listening: make(chan string, 1), grew: make(chan struct{})}
 }
 
 // Write implements io.Writer; exec copies the process output into it.
@@ -223,6 +225,8 @@ func (l *serverLog) Write(p []byte) (int, error) {
 	if l.buf.Len()+len(p) <= maxLogBytes {
 		l.buf.Write(p)
 	}
+	close(l.grew)
+	l.grew = make(chan struct{})
 	for !l.found {
 		rest := l.buf.Bytes()[l.scanned:]
 		i := bytes.IndexByte(rest, '\n')
@@ -246,6 +250,44 @@ func (l *serverLog) contains(s string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return bytes.Contains(l.buf.Bytes(), []byte(s))
+}
+
+// waitLine returns the last line of the output that holds every one of
+// want, waiting up to timeout for it to arrive: the process writes a log
+// line before it answers, but the test reads the output through a pipe
+// that exec copies in its own goroutine, so an answer can arrive first.
+// It fails the test when no such line arrives in time.
+func (l *serverLog) waitLine(t *testing.T, timeout time.Duration, want ...string) string {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		l.mu.Lock()
+		lines := strings.Split(l.buf.String(), "\n")
+		grew := l.grew
+		l.mu.Unlock()
+		for i := len(lines) - 1; i >= 0; i-- {
+			if containsAll(lines[i], want) {
+				return lines[i]
+			}
+		}
+		select {
+		case <-grew:
+		case <-deadline.C:
+			t.Fatalf("no log line with %q within %v; log:\n%s", want, timeout, l.tail(20))
+			return ""
+		}
+	}
+}
+
+// containsAll reports whether s contains every one of subs.
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
 
 // tail returns the last n lines of the output.
