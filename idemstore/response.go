@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 )
 
 // responseEncodingV1 is the first byte of every encoded response.
@@ -17,50 +18,92 @@ var errBadResponseEncoding = errors.New("idem: malformed stored response")
 
 // MarshalBinary encodes the response in a compact, versioned binary form
 // that stores may keep in a single BLOB or string value. Header names are
-// written in sorted order, so equal responses encode to equal bytes.
+// written in sorted order, so equal responses encode to equal bytes. The
+// result is allocated at its exact size, with one walk of the header.
 func (r *Response) MarshalBinary() ([]byte, error) {
-	return r.AppendBinary(nil)
+	if err := r.checkStatus(); err != nil {
+		return nil, err
+	}
+	var buf [16]headerField
+	fields := r.sortedFields(buf[:0])
+	return r.appendFields(make([]byte, 0, r.encodedSize(fields)), fields), nil
 }
 
 // AppendBinary appends the encoding of MarshalBinary to b.
 func (r *Response) AppendBinary(b []byte) ([]byte, error) {
-	if r.StatusCode < 100 || r.StatusCode > 999 {
-		return nil, fmt.Errorf("idem: cannot encode status code %d", r.StatusCode)
+	if err := r.checkStatus(); err != nil {
+		return nil, err
 	}
+	var buf [16]headerField
+	return r.appendFields(b, r.sortedFields(buf[:0])), nil
+}
+
+func (r *Response) checkStatus() error {
+	if r.StatusCode < 100 || r.StatusCode > 999 {
+		return fmt.Errorf("idem: cannot encode status code %d", r.StatusCode)
+	}
+	return nil
+}
+
+// headerField is one field of a header being encoded.
+type headerField struct {
+	name   string
+	values []string
+}
+
+// sortedFields appends the header's fields to buf, sorted by name.
+func (r *Response) sortedFields(buf []headerField) []headerField {
+	for name, vs := range r.Header {
+		buf = append(buf, headerField{name, vs})
+	}
+	slices.SortFunc(buf, func(a, b headerField) int { return strings.Compare(a.name, b.name) })
+	return buf
+}
+
+// appendFields appends the encoding of r with its header's fields, sorted.
+func (r *Response) appendFields(b []byte, fields []headerField) []byte {
 	flags := byte(0)
 	if r.Unreplayable {
 		flags |= 1
 	}
 	b = append(b, responseEncodingV1, flags)
 	b = binary.AppendUvarint(b, uint64(r.StatusCode))
-	names := make([]string, 0, len(r.Header))
-	for name := range r.Header {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	b = binary.AppendUvarint(b, uint64(len(names)))
-	for _, name := range names {
-		vs := r.Header[name]
-		b = appendField(b, name)
-		b = binary.AppendUvarint(b, uint64(len(vs)))
-		for _, v := range vs {
+	b = binary.AppendUvarint(b, uint64(len(fields)))
+	for _, f := range fields {
+		b = appendField(b, f.name)
+		b = binary.AppendUvarint(b, uint64(len(f.values)))
+		for _, v := range f.values {
 			b = appendField(b, v)
 		}
 	}
-	return appendField(b, r.Body), nil
+	return appendField(b, r.Body)
 }
 
 // EncodedSize returns the length of the response's binary encoding, without
 // encoding it.
 func (r *Response) EncodedSize() int {
-	n := 2 + uvarintLen(uint64(r.StatusCode)) + uvarintLen(uint64(len(r.Header)))
+	n := 0
 	for name, vs := range r.Header {
-		n += uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(vs)))
-		for _, v := range vs {
-			n += uvarintLen(uint64(len(v))) + len(v)
-		}
+		n += fieldSize(name, vs)
+	}
+	return n + r.encodedSize(nil) + uvarintLen(uint64(len(r.Header))) - 1
+}
+
+// encodedSize is the length of the encoding of r with fields.
+func (r *Response) encodedSize(fields []headerField) int {
+	n := 2 + uvarintLen(uint64(r.StatusCode)) + uvarintLen(uint64(len(fields)))
+	for _, f := range fields {
+		n += fieldSize(f.name, f.values)
 	}
 	return n + uvarintLen(uint64(len(r.Body))) + len(r.Body)
+}
+
+func fieldSize(name string, vs []string) int {
+	n := uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(vs)))
+	for _, v := range vs {
+		n += uvarintLen(uint64(len(v))) + len(v)
+	}
+	return n
 }
 
 func uvarintLen(x uint64) int {

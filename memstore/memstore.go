@@ -235,7 +235,7 @@ func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error 
 	if p.Response == nil {
 		return errors.New("memstore: complete needs a response")
 	}
-	enc, err := p.Response.AppendBinary(make([]byte, 0, p.Response.EncodedSize()))
+	enc, err := p.Response.MarshalBinary()
 	if err != nil {
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
