@@ -100,6 +100,9 @@ type httpExchange struct {
 	// read, and whatever keeps it (the handler's reader, a stored
 	// payload) keeps the exchange alive with it.
 	small [smallBody]byte
+	// out is the recorder's first buffer: a small response body is
+	// recorded without an allocation of its own.
+	out [smallBody]byte
 }
 
 // smallBody is the room for a request body in the exchange's allocation:
@@ -197,7 +200,7 @@ func (hx *httpExchange) SetHeader(name string, values []string) { hx.rec.w.Heade
 // Run runs next with the execution's context, recording its response.
 func (hx *httpExchange) Run(ctx context.Context, expiresAt time.Time) (*Response, error) {
 	rec := &hx.rec
-	*rec = recorder{w: rec.w, limit: hx.ex.m.cfg.MaxResponseBody, header: make(http.Header), expiresAt: expiresAt}
+	*rec = recorder{w: rec.w, limit: hx.ex.m.cfg.MaxResponseBody, header: make(http.Header), buf: hx.out[:0], expiresAt: expiresAt}
 	hx.next.ServeHTTP(rec, hx.r.WithContext(ctx))
 	if !rec.wroteHeader && hx.r.Context().Err() != nil {
 		return nil, errClientGone

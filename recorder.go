@@ -164,7 +164,11 @@ func (rw *recorder) response() *Response {
 	}
 	// The handler has returned, so its header map is ours to keep (the
 	// engine leaves out the fields never stored, see storedHeader).
-	rw.resp = Response{StatusCode: status, Header: rw.header, Body: rw.buf}
+	body := rw.buf
+	if len(body) == 0 {
+		body = nil // as before the first buffer was the exchange's
+	}
+	rw.resp = Response{StatusCode: status, Header: rw.header, Body: body}
 	return &rw.resp
 }
 
