@@ -122,6 +122,29 @@ func uvarintLen(x uint64) int {
 // a few allocations whatever its number of fields, which matters to a
 // store that decodes on every replay (memstore).
 func (r *Response) UnmarshalBinary(data []byte) error {
+	return r.unmarshal(data, nil)
+}
+
+// DecodeResponse returns a new Response decoded from data, as
+// UnmarshalBinary decodes it. When the header holds at most four values,
+// the Response and their slices share one allocation: a store that decodes
+// on every replay (memstore) saves one.
+func DecodeResponse(data []byte) (*Response, error) {
+	d := new(responseWithValues)
+	if err := d.r.unmarshal(data, d.values[:]); err != nil {
+		return nil, err
+	}
+	return &d.r, nil
+}
+
+type responseWithValues struct {
+	r      Response
+	values [4]string
+}
+
+// unmarshal is UnmarshalBinary, with the header's values in spare if they
+// fit.
+func (r *Response) unmarshal(data []byte, spare []string) error {
 	d := decoder{b: data}
 	if d.byte() != responseEncodingV1 {
 		return fmt.Errorf("%w: unknown encoding version", errBadResponseEncoding)
@@ -160,7 +183,12 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 			return text[end-n : end]
 		}
 		h = make(http.Header, nh)
-		values := make([]string, total)
+		var values []string
+		if total <= uint64(len(spare)) {
+			values = spare[:total]
+		} else {
+			values = make([]string, total)
+		}
 		for range nh {
 			name := str()
 			nv := int(t.uvarint())

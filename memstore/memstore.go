@@ -184,8 +184,10 @@ func (r *record) view() idemstore.Record {
 		// The bytes are the store's own encoding: a failure is a bug,
 		// and the caller then sees a completed record without a
 		// response, which it reports as a store failure.
-		if resp := new(idemstore.Response); len(r.resp) > 0 && resp.UnmarshalBinary(r.resp) == nil {
-			v.Response = resp
+		if len(r.resp) > 0 {
+			if resp, err := idemstore.DecodeResponse(r.resp); err == nil {
+				v.Response = resp
+			}
 		}
 	} else {
 		v.LeaseExpiresAt = time.Unix(0, r.leaseEnd).UTC()
