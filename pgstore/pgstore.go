@@ -259,6 +259,10 @@ func build(cfg *Config) (*Store, bool, error) {
 		"{inflight_index}", pgx.Identifier{c.Table + "_inflight_idx"}.Sanitize(),
 		"{checkpoint_index}", pgx.Identifier{c.Table + "_checkpoint_idx"}.Sanitize(),
 		"{fence_seq}", s.fenceSeq(),
+		// The names PostgreSQL chose for version 1's two CHECK
+		// constraints (dropped by version 6).
+		"{check_state}", pgx.Identifier{c.Table + "_check"}.Sanitize(),
+		"{check_lease}", pgx.Identifier{c.Table + "_check1"}.Sanitize(),
 	)
 	ms, err := loadMigrations(r)
 	if err != nil {
