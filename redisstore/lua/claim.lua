@@ -27,9 +27,9 @@
 -- Every Lua call costs (Redis spends more on this script's Lua than on
 -- its commands). A new key, the common case, is found by one HGET of the
 -- fingerprint: an HMGET of four fields, which answers a missing key with
--- a table of four nils, cost a first execution 4.8k more Redis
--- instructions (4.7 %) than the HGET, and the HMGET that follows for a
--- key with a record costs a replay 3.6k. That HMGET reads everything an
+-- a table of four nils, cost a first execution 5.7k more Redis
+-- instructions (6 %) than the HGET, and the HMGET that follows for a
+-- key with a record costs a replay 4k (redisstore/BENCHMARKS.md). That HMGET reads everything an
 -- answer needs, the response included (a completed record has no lease,
 -- an in-flight one no response), but not the fence n, which only a
 -- take-over needs. Strings become numbers by arithmetic, not tonumber;
