@@ -1,8 +1,6 @@
 package redisstore_test
 
 import (
-	"context"
-	"net"
 	"runtime"
 	"testing"
 
@@ -12,7 +10,8 @@ import (
 )
 
 // BenchmarkStore measures the store on the shared benchmark of every store
-// (storetest.Benchmark), each path under a fresh key prefix:
+// (storetest.Benchmark), each path under a fresh key prefix, on a client
+// with the options README.md recommends:
 //
 //	go test -run '^$' -bench Store -benchmem .
 func BenchmarkStore(b *testing.B) {
@@ -29,18 +28,4 @@ func BenchmarkStore(b *testing.B) {
 			return newStore(b, big, nil)
 		},
 	})
-}
-
-// recommend sets the client options README.md recommends: store calls
-// bounded by their context, and no socket health check per command.
-func recommend(opts *redis.Options) {
-	opts.ContextTimeoutEnabled = true
-	dial := redis.NewDialer(opts)
-	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return struct{ net.Conn }{c}, nil
-	}
 }
