@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
@@ -131,4 +132,14 @@ func TestFingerprintRejectsBadJSON(t *testing.T) {
 	}
 	// An empty JSON body is not an error: it is hashed as no body.
 	fp(t, FingerprintInput{Method: "POST", ContentType: "application/json"})
+}
+
+// TestHexPairs checks the digest's hex table against encoding/hex for
+// every byte value.
+func TestHexPairs(t *testing.T) {
+	for c := range 256 {
+		if got, want := hexPairs[2*c:2*c+2], hex.EncodeToString([]byte{byte(c)}); got != want {
+			t.Fatalf("hexPairs[%#x] = %q, want %q", c, got, want)
+		}
+	}
 }

@@ -50,7 +50,7 @@ func ParseKey(values []string) (string, error) {
 	default:
 		return "", fmt.Errorf("%w: %d Idempotency-Key fields, exactly one is allowed", ErrKeyInvalid, len(values))
 	}
-	v := strings.Trim(values[0], " \t")
+	v := trimSpaceTab(values[0])
 	if v == "" {
 		return "", fmt.Errorf("%w: the value is empty", ErrKeyInvalid)
 	}
@@ -60,6 +60,18 @@ func ParseKey(values []string) (string, error) {
 	return parseBareKey(v)
 }
 
+// trimSpaceTab is strings.Trim(v, " \t") in one loop each way.
+func trimSpaceTab(v string) string {
+	i, j := 0, len(v)
+	for i < j && (v[i] == ' ' || v[i] == '\t') {
+		i++
+	}
+	for j > i && (v[j-1] == ' ' || v[j-1] == '\t') {
+		j--
+	}
+	return v[i:j]
+}
+
 // parseQuotedKey handles the Structured Field form. The common case (no
 // escapes, no parameters) is checked by hand so that a well-formed key costs
 // no allocation beyond the returned string; everything else goes through
@@ -67,9 +79,23 @@ func ParseKey(values []string) (string, error) {
 func parseQuotedKey(v string) (string, error) {
 	if len(v) >= 2 && v[len(v)-1] == '"' {
 		inner := v[1 : len(v)-1]
-		if !strings.ContainsAny(inner, `"\`) {
-			if err := checkKey(inner); err != nil {
-				return "", err
+		// One pass: a quote or backslash sends the value to httpsfv, and
+		// without one any other byte outside printable ASCII is checkKey's
+		// error, as is the length.
+		plain, special := len(inner) <= MaxKeyLength, false
+		for i := 0; i < len(inner); i++ {
+			c := inner[i]
+			if c == '"' || c == '\\' {
+				special = true
+				break
+			}
+			if c < 0x20 || c > 0x7e {
+				plain = false
+			}
+		}
+		if !special {
+			if !plain || inner == "" {
+				return "", checkKey(inner)
 			}
 			return inner, nil
 		}

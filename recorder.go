@@ -41,6 +41,11 @@ type recorder struct {
 
 	wroteHeader bool
 	streamed    bool
+
+	// resp is what response returns, held in the recorder's allocation
+	// (the middleware's per-request state): one allocation less per
+	// execution.
+	resp Response
 }
 
 func (rw *recorder) Header() http.Header { return rw.header }
@@ -154,11 +159,17 @@ func (rw *recorder) response() *Response {
 		status = http.StatusOK
 	}
 	if rw.streamed {
-		return &Response{StatusCode: status, Unreplayable: true}
+		rw.resp = Response{StatusCode: status, Unreplayable: true}
+		return &rw.resp
 	}
 	// The handler has returned, so its header map is ours to keep (the
 	// engine leaves out the fields never stored, see storedHeader).
-	return &Response{StatusCode: status, Header: rw.header, Body: rw.buf}
+	body := rw.buf
+	if len(body) == 0 {
+		body = nil // as before the first buffer was the exchange's
+	}
+	rw.resp = Response{StatusCode: status, Header: rw.header, Body: body}
+	return &rw.resp
 }
 
 // replayBody gives the handler the body idem read, as one allocation. Its

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 )
 
 // responseEncodingV1 is the first byte of every encoded response.
@@ -17,50 +18,92 @@ var errBadResponseEncoding = errors.New("idem: malformed stored response")
 
 // MarshalBinary encodes the response in a compact, versioned binary form
 // that stores may keep in a single BLOB or string value. Header names are
-// written in sorted order, so equal responses encode to equal bytes.
+// written in sorted order, so equal responses encode to equal bytes. The
+// result is allocated at its exact size, with one walk of the header.
 func (r *Response) MarshalBinary() ([]byte, error) {
-	return r.AppendBinary(nil)
+	if err := r.checkStatus(); err != nil {
+		return nil, err
+	}
+	var buf [16]headerField
+	fields := r.sortedFields(buf[:0])
+	return r.appendFields(make([]byte, 0, r.encodedSize(fields)), fields), nil
 }
 
 // AppendBinary appends the encoding of MarshalBinary to b.
 func (r *Response) AppendBinary(b []byte) ([]byte, error) {
-	if r.StatusCode < 100 || r.StatusCode > 999 {
-		return nil, fmt.Errorf("idem: cannot encode status code %d", r.StatusCode)
+	if err := r.checkStatus(); err != nil {
+		return nil, err
 	}
+	var buf [16]headerField
+	return r.appendFields(b, r.sortedFields(buf[:0])), nil
+}
+
+func (r *Response) checkStatus() error {
+	if r.StatusCode < 100 || r.StatusCode > 999 {
+		return fmt.Errorf("idem: cannot encode status code %d", r.StatusCode)
+	}
+	return nil
+}
+
+// headerField is one field of a header being encoded.
+type headerField struct {
+	name   string
+	values []string
+}
+
+// sortedFields appends the header's fields to buf, sorted by name.
+func (r *Response) sortedFields(buf []headerField) []headerField {
+	for name, vs := range r.Header {
+		buf = append(buf, headerField{name, vs})
+	}
+	slices.SortFunc(buf, func(a, b headerField) int { return strings.Compare(a.name, b.name) })
+	return buf
+}
+
+// appendFields appends the encoding of r with its header's fields, sorted.
+func (r *Response) appendFields(b []byte, fields []headerField) []byte {
 	flags := byte(0)
 	if r.Unreplayable {
 		flags |= 1
 	}
 	b = append(b, responseEncodingV1, flags)
 	b = binary.AppendUvarint(b, uint64(r.StatusCode))
-	names := make([]string, 0, len(r.Header))
-	for name := range r.Header {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	b = binary.AppendUvarint(b, uint64(len(names)))
-	for _, name := range names {
-		vs := r.Header[name]
-		b = appendField(b, name)
-		b = binary.AppendUvarint(b, uint64(len(vs)))
-		for _, v := range vs {
+	b = binary.AppendUvarint(b, uint64(len(fields)))
+	for _, f := range fields {
+		b = appendField(b, f.name)
+		b = binary.AppendUvarint(b, uint64(len(f.values)))
+		for _, v := range f.values {
 			b = appendField(b, v)
 		}
 	}
-	return appendField(b, r.Body), nil
+	return appendField(b, r.Body)
 }
 
 // EncodedSize returns the length of the response's binary encoding, without
 // encoding it.
 func (r *Response) EncodedSize() int {
-	n := 2 + uvarintLen(uint64(r.StatusCode)) + uvarintLen(uint64(len(r.Header)))
+	n := 0
 	for name, vs := range r.Header {
-		n += uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(vs)))
-		for _, v := range vs {
-			n += uvarintLen(uint64(len(v))) + len(v)
-		}
+		n += fieldSize(name, vs)
+	}
+	return n + r.encodedSize(nil) + uvarintLen(uint64(len(r.Header))) - 1
+}
+
+// encodedSize is the length of the encoding of r with fields.
+func (r *Response) encodedSize(fields []headerField) int {
+	n := 2 + uvarintLen(uint64(r.StatusCode)) + uvarintLen(uint64(len(fields)))
+	for _, f := range fields {
+		n += fieldSize(f.name, f.values)
 	}
 	return n + uvarintLen(uint64(len(r.Body))) + len(r.Body)
+}
+
+func fieldSize(name string, vs []string) int {
+	n := uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(vs)))
+	for _, v := range vs {
+		n += uvarintLen(uint64(len(v))) + len(v)
+	}
+	return n
 }
 
 func uvarintLen(x uint64) int {
@@ -79,6 +122,29 @@ func uvarintLen(x uint64) int {
 // a few allocations whatever its number of fields, which matters to a
 // store that decodes on every replay (memstore).
 func (r *Response) UnmarshalBinary(data []byte) error {
+	return r.unmarshal(data, nil)
+}
+
+// DecodeResponse returns a new Response decoded from data, as
+// UnmarshalBinary decodes it. When the header holds at most four values,
+// the Response and their slices share one allocation: a store that decodes
+// on every replay (memstore) saves one.
+func DecodeResponse(data []byte) (*Response, error) {
+	d := new(responseWithValues)
+	if err := d.r.unmarshal(data, d.values[:]); err != nil {
+		return nil, err
+	}
+	return &d.r, nil
+}
+
+type responseWithValues struct {
+	r      Response
+	values [4]string
+}
+
+// unmarshal is UnmarshalBinary, with the header's values in spare if they
+// fit.
+func (r *Response) unmarshal(data []byte, spare []string) error {
 	d := decoder{b: data}
 	if d.byte() != responseEncodingV1 {
 		return fmt.Errorf("%w: unknown encoding version", errBadResponseEncoding)
@@ -117,7 +183,12 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 			return text[end-n : end]
 		}
 		h = make(http.Header, nh)
-		values := make([]string, total)
+		var values []string
+		if total <= uint64(len(spare)) {
+			values = spare[:total]
+		} else {
+			values = make([]string, total)
+		}
 		for range nh {
 			name := str()
 			nv := int(t.uvarint())

@@ -49,3 +49,57 @@ func FuzzResponseDecoding(f *testing.F) {
 		}
 	})
 }
+
+// TestResponseEncodingBytes pins the encoding: names sorted, every field
+// length-prefixed, one walk of the header or not.
+func TestResponseEncodingBytes(t *testing.T) {
+	in := &idemstore.Response{StatusCode: 201, Header: map[string][]string{"B": {"2", "3"}, "A": {"1"}}, Body: []byte("x")}
+	want := "\x01\x00\xc9\x01\x02\x01A\x01\x011\x01B\x02\x012\x013\x01x"
+	enc, err := in.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	app, err := in.AppendBinary([]byte("pre"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(enc) != want || string(app) != "pre"+want || cap(enc) != len(want) {
+		t.Fatalf("MarshalBinary = %q (cap %d), AppendBinary = %q, want %q", enc, cap(enc), app, want)
+	}
+}
+
+// TestDecodeResponse checks DecodeResponse against UnmarshalBinary with
+// few and many header values, and that the shared value slices are capped.
+func TestDecodeResponse(t *testing.T) {
+	for _, h := range []map[string][]string{
+		nil,
+		{"A": {"1"}, "B": {"2", "3"}},
+		{"A": {"1", "2", "3"}, "B": {"4", "5"}, "C": {"6"}},
+	} {
+		enc, err := (&idemstore.Response{StatusCode: 200, Header: h, Body: []byte("b")}).MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := idemstore.DecodeResponse(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want idemstore.Response
+		if err := want.UnmarshalBinary(enc); err != nil {
+			t.Fatal(err)
+		}
+		re, _ := got.MarshalBinary()
+		if string(re) != string(enc) || len(got.Header) != len(want.Header) || string(got.Body) != "b" {
+			t.Fatalf("DecodeResponse = %+v, want %+v", got, want)
+		}
+		if vs := got.Header["A"]; vs != nil {
+			_ = append(vs, "x")
+			if b := got.Header["B"]; b[0] == "x" {
+				t.Fatal("appending to one field's values overwrote another's")
+			}
+		}
+	}
+	if _, err := idemstore.DecodeResponse([]byte{1}); err == nil {
+		t.Fatal("truncated encoding decoded")
+	}
+}

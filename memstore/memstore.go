@@ -42,10 +42,14 @@ const shardCount = 64
 // Store, so they grow per key for the life of the process. The zero value
 // is not usable; call New.
 type Store struct {
-	seed   maphash.Seed
-	max    int64
-	count  atomic.Int64
-	fence  atomic.Int64
+	seed  maphash.Seed
+	max   int64
+	count atomic.Int64
+	fence atomic.Int64
+	// sweep is the shard where the last DeleteExpired stopped: the next
+	// one resumes there instead of walking the shards it already swept
+	// (and their live records) again.
+	sweep  atomic.Uint32
 	shards [shardCount]shard
 }
 
@@ -107,13 +111,11 @@ func New(cfg *Config) (*Store, error) {
 	return s, nil
 }
 
+// shard returns the shard of k, chosen by its key alone with one
+// maphash.String call: a shard only spreads the lock, and the records of
+// one key in several scopes may share one (the map still tells them apart).
 func (s *Store) shard(k recordKey) *shard {
-	var h maphash.Hash
-	h.SetSeed(s.seed)
-	h.WriteString(k.scope)
-	h.WriteByte(0)
-	h.WriteString(k.key)
-	return &s.shards[h.Sum64()%shardCount]
+	return &s.shards[maphash.String(s.seed, k.key)%shardCount]
 }
 
 // Len returns the number of records held, expired or not.
@@ -182,8 +184,10 @@ func (r *record) view() idemstore.Record {
 		// The bytes are the store's own encoding: a failure is a bug,
 		// and the caller then sees a completed record without a
 		// response, which it reports as a store failure.
-		if resp := new(idemstore.Response); len(r.resp) > 0 && resp.UnmarshalBinary(r.resp) == nil {
-			v.Response = resp
+		if len(r.resp) > 0 {
+			if resp, err := idemstore.DecodeResponse(r.resp); err == nil {
+				v.Response = resp
+			}
 		}
 	} else {
 		v.LeaseExpiresAt = time.Unix(0, r.leaseEnd).UTC()
@@ -233,7 +237,7 @@ func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error 
 	if p.Response == nil {
 		return errors.New("memstore: complete needs a response")
 	}
-	enc, err := p.Response.AppendBinary(make([]byte, 0, p.Response.EncodedSize()))
+	enc, err := p.Response.MarshalBinary()
 	if err != nil {
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
@@ -304,11 +308,15 @@ func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredPara
 	if p.Limit <= 0 {
 		return 0, errors.New("memstore: DeleteExpired needs a positive limit")
 	}
+	// Each call starts at the shard where the previous one stopped, and
+	// visits every shard once.
 	deleted, now := 0, p.Now.UnixNano()
-	for i := range s.shards {
+	first := int(s.sweep.Load() % shardCount)
+	for n := range shardCount {
 		if err := ctx.Err(); err != nil {
 			return deleted, err
 		}
+		i := (first + n) % shardCount
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for k, r := range sh.records {
@@ -322,6 +330,8 @@ func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredPara
 		}
 		sh.mu.Unlock()
 		if deleted == p.Limit {
+			// This shard may hold more expired records: resume here.
+			s.sweep.Store(uint32(i))
 			break
 		}
 	}

@@ -46,9 +46,10 @@
 // The Store follows the idemstore.Store contract. Every time decision (lease,
 // retention) uses the database's clock (statement_timestamp()), never the
 // Now in the parameters, so instances with skewed clocks cannot steal each
-// other's leases. A claim is one INSERT ... ON CONFLICT DO UPDATE ... WHERE
-// statement that commits on its own, so a duplicate sees "in flight" at
-// once; replays and 409s write nothing. Renew, Complete and Release are
+// other's leases. A claim is one INSERT ... ON CONFLICT statement that
+// commits on its own (DO NOTHING for a new key; a take-over runs a second
+// one, DO UPDATE ... WHERE), so a duplicate sees "in flight" at once;
+// replays and 409s write nothing. Renew, Complete and Release are
 // fenced by the owner token and return idemstore.ErrLeaseLost when it no longer
 // owns the record.
 //

@@ -23,7 +23,7 @@ func NewWithoutAdvisoryLock(ctx context.Context, pool *pgxpool.Pool, cfg *Config
 }
 
 // Migrations is the number of embedded migrations: one history row each.
-const Migrations = 5
+const Migrations = 6
 
 // StuckStatements returns the statements of Stuck and of Stuck with Held,
 // for the plan tests.

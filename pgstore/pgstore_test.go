@@ -729,3 +729,80 @@ func explain(t *testing.T, f *fixture, q string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// Version 6 drops the CHECK constraints that kept the two states of a
+// record apart (in flight: token and lease set, no response; completed:
+// the reverse). The statements keep them apart themselves: after every
+// kind of write the store makes, no row mixes the two.
+func TestRecordStates(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	ctx := t.Context()
+	if got := f.count(t, "SELECT count(*) FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'", f.table); got != 0 {
+		t.Errorf("%d CHECK constraints after migration, want 0", got)
+	}
+	resp := &idemstore.Response{StatusCode: 201, Body: []byte("ok")}
+	// Claimed, renewed, with a recovery point, then completed.
+	done := claimParams("s", "done")
+	mustClaim(t, f.store, done, idemstore.ClaimAcquired)
+	if err := f.store.Renew(ctx, idemstore.RenewParams{Scope: done.Scope, Key: done.Key, Token: done.Token, Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.SaveCheckpoint(ctx, idemstore.SaveCheckpointParams{Scope: done.Scope, Key: done.Key, Token: done.Token, Checkpoint: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.Complete(ctx, completeParams(done, resp)); err != nil {
+		t.Fatal(err)
+	}
+	// Suspended (the lease ended with a recovery point) and held.
+	for _, c := range []struct {
+		key       string
+		end, hold bool
+	}{{"suspended", true, false}, {"held", false, true}} {
+		p := claimParams("s", c.key)
+		mustClaim(t, f.store, p, idemstore.ClaimAcquired)
+		if err := f.store.SaveCheckpoint(ctx, idemstore.SaveCheckpointParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+			Checkpoint: []byte{2}, EndLease: c.end, Hold: c.hold}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Taken over after its lease ran out, then completed by the new owner.
+	took := claimParams("s", "took")
+	mustClaim(t, f.store, took, idemstore.ClaimAcquired)
+	f.expireLease(t, took.Scope, took.Key)
+	took2 := took
+	took2.Token = newToken()
+	if r := mustClaim(t, f.store, took2, idemstore.ClaimAcquired); !r.TookOver {
+		t.Fatal("the second claim did not take the record over")
+	}
+	if err := f.store.Complete(ctx, completeParams(took2, resp)); err != nil {
+		t.Fatal(err)
+	}
+	// Claimed again after a release; claimed and completed in a
+	// transaction.
+	rel := claimParams("s", "released")
+	mustClaim(t, f.store, rel, idemstore.ClaimAcquired)
+	if err := f.store.Release(ctx, idemstore.ReleaseParams{Scope: rel.Scope, Key: rel.Key, Token: rel.Token}); err != nil {
+		t.Fatal(err)
+	}
+	rel.Token = newToken()
+	mustClaim(t, f.store, rel, idemstore.ClaimAcquired)
+	txp := claimParams("s", "tx")
+	r, tx, err := f.store.ClaimTx(ctx, txp)
+	if err != nil || r.Outcome != idemstore.ClaimAcquired || tx == nil {
+		t.Fatalf("ClaimTx = %v, %v, %v", r.Outcome, tx, err)
+	}
+	if err := tx.Complete(ctx, completeParams(txp, resp)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.count(t, "SELECT count(*) FROM "+f.table); got != 6 {
+		t.Errorf("%d records, want 6", got)
+	}
+	if got := f.count(t, `SELECT count(*) FROM `+f.table+`
+		WHERE (token IS NULL) <> (response IS NOT NULL) OR (token IS NULL) <> (lease_expires_at IS NULL)`); got != 0 {
+		t.Errorf("%d records mix the in-flight and the completed state", got)
+	}
+}

@@ -10,7 +10,8 @@ import (
 )
 
 // BenchmarkStore measures the store on the shared benchmark of every store
-// (storetest.Benchmark), each path under a fresh key prefix:
+// (storetest.Benchmark), each path under a fresh key prefix, on a client
+// with the options README.md recommends:
 //
 //	go test -run '^$' -bench Store -benchmem .
 func BenchmarkStore(b *testing.B) {
@@ -21,6 +22,7 @@ func BenchmarkStore(b *testing.B) {
 			// GOMAXPROCS), so the pool is not what is measured.
 			opts := c.Options()
 			opts.PoolSize = 8*runtime.GOMAXPROCS(0) + 2
+			recommend(opts)
 			big := redis.NewClient(opts)
 			b.Cleanup(func() { _ = big.Close() })
 			return newStore(b, big, nil)

@@ -153,7 +153,8 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 	if lease <= 0 || ttl <= 0 {
 		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim needs a lease and TTL of at least a millisecond, got %v and %v", p.Lease, p.TTL)
 	}
-	v, err := s.run(ctx, claimScript, s.Key(p.Scope, p.Key), p.Fingerprint, p.Token, lease, ttl).Result()
+	c := newCall(s.Key(p.Scope, p.Key)).str(p.Fingerprint).str(p.Token).num(lease).num(ttl)
+	v, err := s.run(ctx, claimScript, c).Result()
 	if err != nil {
 		return idemstore.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
@@ -269,7 +270,7 @@ func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	if lease <= 0 {
 		return fmt.Errorf("redisstore: renew needs a lease of at least a millisecond, got %v", p.Lease)
 	}
-	return s.owned(ctx, "renew", renewScript, p.Scope, p.Key, p.Token, lease)
+	return s.owned(ctx, "renew", renewScript, newCall(s.Key(p.Scope, p.Key)).str(p.Token).num(lease))
 }
 
 // Complete implements idemstore.Store. The record keeps the retention its claim
@@ -293,21 +294,22 @@ func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error 
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	return s.owned(ctx, "complete", completeScript, p.Scope, p.Key, p.Token, enc)
+	return s.owned(ctx, "complete", completeScript, newCall(s.Key(p.Scope, p.Key)).str(p.Token).bytes(enc))
 }
 
 // Release implements idemstore.Store.
 func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
-	return s.owned(ctx, "release", releaseScript, p.Scope, p.Key, p.Token)
+	return s.owned(ctx, "release", releaseScript, newCall(s.Key(p.Scope, p.Key)).str(p.Token))
 }
 
-// owned runs a script that acts only for the owner token (the first of
-// args) and replies 1 if it did, 0 if the token does not own the record.
-func (s *Store) owned(ctx context.Context, op string, script *script, scope, key string, args ...any) error {
+// owned runs a script that acts only for the owner token (the first
+// argument after the key in c) and replies 1 if it did, 0 if the token
+// does not own the record.
+func (s *Store) owned(ctx context.Context, op string, script *script, c *call) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}
-	n, err := s.run(ctx, script, s.Key(scope, key), args...).Int64()
+	n, err := s.run(ctx, script, c).Int64()
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}

@@ -20,27 +20,27 @@ const DefaultWaitTimeout = 100 * time.Millisecond
 // confirm it: the middleware answers 503 and fails closed.
 var ErrNotReplicated = errors.New("redisstore: write not acknowledged by enough replicas")
 
-// run runs script on the record key. With Config.WaitReplicas set it runs
+// run runs script with the arguments of c (the record key first). With Config.WaitReplicas set it runs
 // the script and then WAIT on one connection of the key's master (WAIT
 // counts the replicas that acknowledged the writes of its own connection,
 // so both must share one), and fails with ErrNotReplicated when too few
 // replicas acknowledged in time.
-func (s *Store) run(ctx context.Context, script *script, key string, args ...any) (cmd *redis.Cmd) {
+func (s *Store) run(ctx context.Context, script *script, c *call) (cmd *redis.Cmd) {
 	if s.waitReplicas == 0 {
-		return script.run(ctx, s.client, key, args...)
+		return script.run(ctx, s.client, c)
 	}
 	fail := func(err error) *redis.Cmd {
-		c := redis.NewCmd(ctx)
-		c.SetErr(err)
-		return c
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
 	}
 	var node *redis.Client
-	switch c := s.client.(type) {
+	switch cl := s.client.(type) {
 	case *redis.Client:
-		node = c
+		node = cl
 	case *redis.ClusterClient:
 		var err error
-		if node, err = c.MasterForKey(ctx, key); err != nil {
+		if node, err = cl.MasterForKey(ctx, c.strs[0]); err != nil {
 			return fail(err)
 		}
 		defer func() {
@@ -48,13 +48,13 @@ func (s *Store) run(ctx context.Context, script *script, key string, args ...any
 			// after a failover): on any failure, refresh the slot map so
 			// that the next call goes to the current master.
 			if cmd != nil && cmd.Err() != nil {
-				c.ReloadState(context.WithoutCancel(ctx))
+				cl.ReloadState(context.WithoutCancel(ctx))
 			}
 		}()
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	if cmd = script.run(ctx, conn, key, args...); cmd.Err() != nil {
+	if cmd = script.run(ctx, conn, c); cmd.Err() != nil {
 		return cmd
 	}
 	n, err := conn.Wait(ctx, s.waitReplicas, s.waitTimeout).Result()

@@ -25,14 +25,22 @@
 -- always stores n, under a clock that went back).
 --
 -- Every Lua call costs (Redis spends more on this script's Lua than on
--- its commands): one HMGET reads everything an answer needs, the response
--- included (a completed record has no lease, an in-flight one no
--- response), but not the fence n, which only a take-over needs; strings
--- become numbers by arithmetic, not tonumber; numbers
--- become strings by string.format('%d'), because Lua's own conversion
--- keeps only 14 significant digits (and is slower).
-local v = redis.call('HMGET', KEYS[1], 'f', 'l', 'e', 'r')
-local fp, lease, exp = v[1], v[2], v[3]
+-- its commands). A new key, the common case, is found by one HGET of the
+-- fingerprint: an HMGET of four fields, which answers a missing key with
+-- a table of four nils, cost a first execution 5.7k more Redis
+-- instructions (6 %) than the HGET, and the HMGET that follows for a
+-- key with a record costs a replay 4k (redisstore/BENCHMARKS.md). That HMGET reads everything an
+-- answer needs, the response included (a completed record has no lease,
+-- an in-flight one no response), but not the fence n, which only a
+-- take-over needs. Strings become numbers by arithmetic, not tonumber;
+-- numbers become strings by string.format('%d'), because Lua's own
+-- conversion keeps only 14 significant digits (and is slower).
+local fp = redis.call('HGET', KEYS[1], 'f')
+local v, lease, exp
+if fp then
+  v = redis.call('HMGET', KEYS[1], 'l', 'e', 'r')
+  lease, exp = v[1], v[2]
+end
 -- Redis checks a key's expiry against the time the script started, so a
 -- record the script sees was live then: a mismatch or a completed record
 -- is answered as of that moment, without reading the clock.
@@ -41,7 +49,7 @@ if fp then
     return {4, tonumber(lease) or 0, tonumber(exp) or 0, fp}
   end
   if not lease then
-    return {2, tonumber(exp) or 0, v[4]}
+    return {2, tonumber(exp) or 0, v[3]}
   end
 end
 local t = redis.call('TIME')
