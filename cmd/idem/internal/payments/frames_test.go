@@ -114,8 +114,8 @@ func plainFramesPerInsert(t testing.TB, warm, n int) float64 {
 // payment commits on SQLite, against the plain insert's: the write
 // transaction's cost that the single writer serialises. The bound keeps
 // what was cut from coming back (sqlitestore/BENCHMARKS.md): each of the
-// fence counter's page, the in-flight index and the payments' unique index
-// alone would exceed it.
+// fence counter's page, the in-flight index, the payments' unique index
+// and a payments table with a rowid (withoutRowID) alone would exceed it.
 func TestSQLiteFramesPerPayment(t *testing.T) {
 	t.Parallel()
 	const warm, n = 2000, 2000
@@ -125,7 +125,7 @@ func TestSQLiteFramesPerPayment(t *testing.T) {
 	got := framesPerPayment(t, warm, n)
 	plain := plainFramesPerInsert(t, warm, n)
 	t.Logf("WAL frames per first payment: %.2f (plain insert: %.2f)", got, plain)
-	if max := 6.9; got > max {
+	if max := 6.2; got > max {
 		t.Errorf("a first payment writes %.2f WAL frames, want at most %.1f", got, max)
 	}
 }
