@@ -7,6 +7,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemhq/idem"
@@ -26,6 +27,9 @@ type Metrics struct {
 	running   prometheus.Gauge
 
 	executions, replays, rejected400, conflicts409, mismatches422, unavailable503, leaseLost prometheus.Counter
+
+	// kinds holds each event kind's children (seriesOf).
+	kinds [maxKinds]atomic.Pointer[kindSeries]
 
 	// rates is the recent history of the main outcomes, for the console.
 	rates rates
@@ -81,12 +85,44 @@ func (m *Metrics) InFlight(next http.Handler) http.Handler {
 	})
 }
 
+// maxKinds bounds the event kinds whose children are cached (kinds):
+// every kind the core defines today is below it.
+const maxKinds = 32
+
+// kindSeries are the children of outcomes and idemDur for one event kind.
+type kindSeries struct {
+	outcome prometheus.Counter
+	dur     prometheus.Observer
+}
+
+// seriesOf returns the children of kind k. A request then does not pay
+// WithLabelValues' hashing and map look-ups (about 1.5k instructions each
+// on a replay). They are resolved on the kind's first event, so the
+// exported series are those without the cache. A kind outside the cache's
+// range is resolved on every event, as before.
+func (m *Metrics) seriesOf(k idem.EventKind) kindSeries {
+	cached := k >= 0 && k < maxKinds
+	if cached {
+		if s := m.kinds[k].Load(); s != nil {
+			return *s
+		}
+	}
+	kind := k.String()
+	s := kindSeries{m.outcomes.WithLabelValues(kind), m.idemDur.WithLabelValues(kind)}
+	if cached {
+		// Two first events at once both store; the vectors gave them
+		// the same children.
+		m.kinds[k].Store(&s)
+	}
+	return s
+}
+
 // Observe implements idem.Observer.
 func (m *Metrics) Observe(_ context.Context, e idem.Event) {
-	kind := e.Kind.String()
-	m.outcomes.WithLabelValues(kind).Inc()
+	series := m.seriesOf(e.Kind)
+	series.outcome.Inc()
 	if e.Kind != idem.EventRenewed {
-		m.idemDur.WithLabelValues(kind).Observe(e.Duration.Seconds())
+		series.dur.Observe(e.Duration.Seconds())
 	}
 	switch e.Kind {
 	case idem.EventExecuted:
@@ -125,12 +161,28 @@ func (m *Metrics) Handler() http.Handler {
 // values bounded).
 func (m *Metrics) Instrument(route string, next http.Handler) http.Handler {
 	dur := m.httpDur.WithLabelValues(route)
+	// codes caches the route's response counters by status code, as
+	// seriesOf caches the kinds'.
+	var codes [500]atomic.Pointer[prometheus.Counter]
+	response := func(code int) prometheus.Counter {
+		cached := code >= 100 && code < 100+len(codes)
+		if cached {
+			if c := codes[code-100].Load(); c != nil {
+				return *c
+			}
+		}
+		c := m.responses.WithLabelValues(route, strconv.Itoa(code))
+		if cached {
+			codes[code-100].Store(&c)
+		}
+		return c
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &StatusWriter{ResponseWriter: w}
 		defer func() { // also for handlers that abort
 			dur.Observe(time.Since(start).Seconds())
-			m.responses.WithLabelValues(route, strconv.Itoa(sw.Status())).Inc()
+			response(sw.Status()).Inc()
 		}()
 		next.ServeHTTP(sw, r)
 	})

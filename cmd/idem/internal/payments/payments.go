@@ -64,9 +64,35 @@ func (e *RejectedError) Error() string {
 
 func (e *RejectedError) Unwrap() error { return e.Err }
 
-// newID returns a random payment id.
-func newID() string {
-	return "pay_" + strings.ToLower(rand.Text())
+// newID returns a new payment id: "pay_", the creation time in
+// milliseconds as 10 digits of base 32, then 16 random characters (80
+// bits). The digits are the API's characters in ASCII order, so ids sort
+// by creation time: a new payment's row goes to the right edge of the
+// payments table's B-tree (on SQLite a WITHOUT ROWID table ordered by id)
+// instead of into a random page, which splits pages less often (5.65 ->
+// 5.37 WAL frames per first payment, TestSQLiteFramesPerPayment).
+func newID() string { return newIDAt(time.Now()) }
+
+// newIDAt is newID for a payment created at now.
+func newIDAt(now time.Time) string {
+	const digits = "234567abcdefghijklmnopqrstuvwxyz" // a-z and 2-7, in ASCII order
+	const prefix, timeLen = "pay_", 10
+	var b [len(prefix) + 26]byte
+	copy(b[:], prefix)
+	ms := uint64(now.UnixMilli())
+	for i := len(prefix) + timeLen - 1; i >= len(prefix); i-- {
+		b[i] = digits[ms&31]
+		ms >>= 5
+	}
+	random := rand.Text() // 26 characters of A-Z and 2-7
+	for i := len(prefix) + timeLen; i < len(b); i++ {
+		c := random[i-len(prefix)-timeLen]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b[i] = c
+	}
+	return string(b[:])
 }
 
 // ValidPaymentID reports whether s is a payment id as the API makes them:

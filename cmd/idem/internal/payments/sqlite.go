@@ -75,6 +75,16 @@ func (r SQLiteRepo) Close() error {
 	return errors.Join(r.st.insert.Close(), r.st.get.Close())
 }
 
+// withoutRowID makes a new payments table a WITHOUT ROWID table
+// (https://sqlite.org/withoutrowid.html): its rows are stored in the
+// B-tree of the primary key id, so a payment writes one B-tree instead of
+// two (the table's, in rowid order, and the id's index). A first payment
+// then writes 5.6 WAL frames instead of 6.3 (TestSQLiteFramesPerPayment).
+// A table created before keeps its rowid: CREATE TABLE IF NOT EXISTS
+// leaves it as it is, and every statement of the demo reads and writes
+// both kinds alike.
+const withoutRowID = ` WITHOUT ROWID`
+
 // Migrate implements Repo: it creates the payments table unless it
 // exists, and checks that an existing one is the demo's: a table of
 // another shape is a *SchemaError. It runs in one immediate transaction
@@ -88,7 +98,7 @@ func (r SQLiteRepo) Migrate(ctx context.Context) error {
 		return fmt.Errorf("payments: migrate: %w", err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, createTable("INTEGER", "TEXT")); err != nil {
+	if _, err := tx.ExecContext(ctx, createTable("INTEGER", "TEXT")+withoutRowID); err != nil {
 		return fmt.Errorf("payments: migrate: %w", err)
 	}
 	if err := checkSQLiteTable(ctx, tx, baseColumns, stepColumns); err != nil {

@@ -31,8 +31,27 @@ const (
 // file's contents). A log shorter than its header has none.
 func Parse(wal []byte) Counts {
 	var c Counts
+	frames(wal, func(h []byte) {
+		c.Frames++
+		if binary.BigEndian.Uint32(h[4:8]) != 0 {
+			c.Commits++
+		}
+	})
+	return c
+}
+
+// Pages returns the page number of each valid frame of wal, in the log's
+// order: which pages the commits wrote.
+func Pages(wal []byte) []uint32 {
+	var pages []uint32
+	frames(wal, func(h []byte) { pages = append(pages, binary.BigEndian.Uint32(h[0:4])) })
+	return pages
+}
+
+// frames calls f with the header of each valid frame of wal.
+func frames(wal []byte, f func(header []byte)) {
 	if len(wal) < headerLen {
-		return c
+		return
 	}
 	be := binary.BigEndian
 	pageSize := int(be.Uint32(wal[8:12]))
@@ -40,7 +59,7 @@ func Parse(wal []byte) Counts {
 		pageSize = 65536
 	}
 	if pageSize < 512 {
-		return c // not a WAL header
+		return // not a WAL header
 	}
 	salt1, salt2 := be.Uint32(wal[16:20]), be.Uint32(wal[20:24])
 	for off := headerLen; off+frameHeaderLen+pageSize <= len(wal); off += frameHeaderLen + pageSize {
@@ -48,12 +67,8 @@ func Parse(wal []byte) Counts {
 		if be.Uint32(h[8:12]) != salt1 || be.Uint32(h[12:16]) != salt2 {
 			break // left over from before the log restarted
 		}
-		c.Frames++
-		if be.Uint32(h[4:8]) != 0 {
-			c.Commits++
-		}
+		f(h)
 	}
-	return c
 }
 
 // Read counts the valid frames of the write-ahead log of the SQLite
@@ -69,4 +84,17 @@ func Read(path string) (Counts, error) {
 		return Counts{}, err
 	}
 	return Parse(wal), nil
+}
+
+// ReadPages returns the page numbers of the valid frames of the
+// write-ahead log of the SQLite database at path (see Pages).
+func ReadPages(path string) ([]uint32, error) {
+	wal, err := os.ReadFile(path + "-wal")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return Pages(wal), nil
 }

@@ -61,6 +61,19 @@ func TestReadCountsFramesAndCommits(t *testing.T) {
 	if got := after.Frames - before.Frames; got < n+2 {
 		t.Errorf("%d frames, want at least %d (one per small insert, several for the large one)", got, n+2)
 	}
+	pages, err := ReadPages(path)
+	if err != nil || len(pages) != after.Frames {
+		t.Fatalf("ReadPages: %d pages, %v; want one per frame (%d)", len(pages), err, after.Frames)
+	}
+	var size uint32
+	if err := db.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&size); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pages[before.Frames:] {
+		if p < 1 || p > size {
+			t.Errorf("page %d written, outside the database's %d pages", p, size)
+		}
+	}
 	var v string
 	if err := db.QueryRowContext(ctx, `SELECT v FROM t WHERE id = 0`).Scan(&v); err != nil {
 		t.Fatal(err)
