@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # test.sh runs all of idem's tests: formatting, vet and staticcheck, every package of
 # every module in the workspace with the race detector (this includes the
-# benchmark harness's smoke run, bench.TestSmoke, and the install of every
-# module from a local module proxy, internal/releasetest), a short fuzzing pass over
-# each parser, one iteration of every benchmark, the vulnerability audit
+# benchmark harness's smoke run, bench.TestSmoke, the install of every
+# module from a local module proxy, internal/releasetest, and one iteration
+# of every benchmark), a short fuzzing pass over each parser, the vulnerability audit
 # (scripts/vulncheck.sh) and the end-to-end script against the real binary.
 #
 # Server-backed tests use PostgreSQL, Redis, NATS (JetStream) and RabbitMQ
@@ -26,7 +26,7 @@ if [[ "$GOTOOLCHAIN" == local ]]; then export GOTOOLCHAIN=go1.27.3; fi
 go version
 
 # stages counts the stages below, so that each can say "[n/N]".
-stages=8
+stages=7
 stage=0
 stage_name=
 stage_start=$SECONDS
@@ -58,8 +58,12 @@ go vet github.com/idemhq/idem/...
 step "staticcheck (every module)"
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 github.com/idemhq/idem/...
 
-step "go test -race (every module)"
-go test -race -count=1 -timeout 15m github.com/idemhq/idem/...
+# Every benchmark runs once (-benchtime 1x), so that none rots, in the same
+# race-detecting test binaries as the tests: a separate run without -race
+# compiled and linked every test binary a second time (minutes on a cold
+# build cache) for a few seconds of benchmarks.
+step "go test -race, and every benchmark once (every module)"
+go test -race -count=1 -bench . -benchtime 1x -timeout 15m github.com/idemhq/idem/...
 
 fuzztime=${FUZZTIME:-10s}
 # Each package with fuzz targets gets its fuzzing test binary built once
@@ -127,9 +131,6 @@ else
 fi
 rm -rf "$fuzzbin"
 fuzzbin=
-
-step "every benchmark once (-benchtime 1x), so that none rots"
-go test -run '^$' -bench . -benchtime 1x -count=1 github.com/idemhq/idem/...
 
 step "vulnerability audit: scripts/vulncheck.sh (govulncheck, offline database)"
 ./scripts/vulncheck.sh
