@@ -342,17 +342,7 @@ func buildHandler(ctx context.Context, o serverOpts, g *gate) (http.Handler, ide
 			return nil, nil, nil, err
 		}
 		opts.PoolSize = 160 // more than the most workers: the pool is not what is measured
-		// The options redisstore's README recommends: deadlines through
-		// the context, no socket health check before every command.
-		opts.ContextTimeoutEnabled = true
-		dial := redis.NewDialer(opts)
-		opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return struct{ net.Conn }{c}, nil
-		}
+		redisstore.RecommendOptions(opts)
 		client := redis.NewClient(opts)
 		s, err := redisstore.New(client, &redisstore.Config{Prefix: o.redisPrefix})
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/redisstore"
 	"github.com/idemhq/idem/storetest"
 	"github.com/redis/go-redis/v9"
 )
@@ -22,7 +23,7 @@ func BenchmarkStore(b *testing.B) {
 			// GOMAXPROCS), so the pool is not what is measured.
 			opts := c.Options()
 			opts.PoolSize = 8*runtime.GOMAXPROCS(0) + 2
-			recommend(opts)
+			redisstore.RecommendOptions(opts)
 			big := redis.NewClient(opts)
 			b.Cleanup(func() { _ = big.Close() })
 			return newStore(b, big, nil)

@@ -1,29 +1,14 @@
 package redisstore_test
 
 import (
-	"context"
-	"net"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
-
-// recommend sets the client options README.md recommends: store calls
-// bounded by their context, and no socket health check per command.
-func recommend(opts *redis.Options) {
-	opts.ContextTimeoutEnabled = true
-	dial := redis.NewDialer(opts)
-	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return struct{ net.Conn }{c}, nil
-	}
-}
 
 // With the client options README.md recommends (no socket health check
 // before a command), a connection that Redis closed is found by the
@@ -34,7 +19,7 @@ func TestRecommendedClientAfterRedisClosedConnection(t *testing.T) {
 	admin := newClient(t)
 	opts := admin.Options()
 	opts.PoolSize = 1 // one connection: the one Redis closes
-	recommend(opts)
+	redisstore.RecommendOptions(opts)
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { _ = c.Close() })
 	s := newStore(t, c, nil)

@@ -276,7 +276,9 @@ func open(ctx context.Context, kind Kind, spec string, o Options) (*Store, error
 			opts.WriteTimeout = redisTimeout
 		}
 		opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled} // as in cluster.go
-		skipHealthCheck(opts)
+		// Deadlines through the context, no socket health check before
+		// every command (redisstore's README, "Client options").
+		redisstore.RecommendOptions(opts)
 		client := redis.NewClient(opts)
 		// Like PostgreSQL, Redis must answer at start: a typo in the URL
 		// fails at once instead of as 503s later. Once started, a Redis
@@ -371,23 +373,4 @@ func redact(spec string) string {
 		}
 	}
 	return spec
-}
-
-// skipHealthCheck sets the client options redisstore's README recommends:
-// each store call's deadline bounds its wait for Redis
-// (ContextTimeoutEnabled), and connections without a SyscallConn method,
-// so that go-redis does not peek at the socket before every command (one
-// system call and three allocations each). A connection Redis closed is
-// then found by the command that uses it, and go-redis sends that command
-// again on a new connection (it never reached Redis).
-func skipHealthCheck(opts *redis.Options) {
-	opts.ContextTimeoutEnabled = true
-	dial := redis.NewDialer(opts)
-	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return struct{ net.Conn }{c}, nil
-	}
 }
