@@ -330,15 +330,7 @@ func (s *Store) prepareSQL() {
 // statement, whose new snapshot sees it.
 func (s *Store) newKeyStatement(extra string) string {
 	t := s.table
-	return `WITH cur AS (
-	SELECT fingerprint,
-	       response IS NOT NULL AS completed,
-	       CASE WHEN fingerprint = $3 THEN response END AS response,
-	       lease_expires_at,
-	       coalesce(lease_expires_at > statement_timestamp(), false) AS lease_live,
-	       expires_at
-	FROM ` + t + `
-	WHERE scope = $1 AND key = $2
+	return `WITH cur AS (` + curSelect(t) + `
 ), ins AS (
 	INSERT INTO ` + t + ` (scope, key, fingerprint, token, lease_expires_at, expires_at, attempt, fence)
 	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1,
@@ -383,15 +375,7 @@ func (s *Store) claimStatement(extra string) string {
 	// statement's snapshot was taken: Claim runs the statement again, and
 	// the new snapshot sees it. That costs a second round trip only in
 	// that race.
-	return `WITH cur AS (
-	SELECT fingerprint,
-	       response IS NOT NULL AS completed,
-	       CASE WHEN fingerprint = $3 THEN response END AS response,
-	       lease_expires_at,
-	       coalesce(lease_expires_at > statement_timestamp(), false) AS lease_live,
-	       expires_at
-	FROM ` + t + `
-	WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()
+	return `WITH cur AS (` + curSelect(t) + ` AND expires_at > statement_timestamp()
 ), ins AS (
 	INSERT INTO ` + t + ` AS r (scope, key, fingerprint, token, lease_expires_at, expires_at, attempt, fence)
 	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1,
@@ -417,6 +401,21 @@ SELECT true, ins.attempt, $3, false, NULL::bytea, ins.lease_expires_at, true, in
 UNION ALL
 SELECT false, 0, cur.fingerprint, cur.completed, cur.response, cur.lease_expires_at, cur.lease_live, cur.expires_at, 0::bigint, NULL::bytea
 FROM cur WHERE NOT EXISTS (SELECT 1 FROM ins)`
+}
+
+// curSelect is the claim statements' read of the key's record ($1, $2),
+// its response only if the fingerprint ($3) matches; the caller may add
+// conditions with AND.
+func curSelect(table string) string {
+	return `
+	SELECT fingerprint,
+	       response IS NOT NULL AS completed,
+	       CASE WHEN fingerprint = $3 THEN response END AS response,
+	       lease_expires_at,
+	       coalesce(lease_expires_at > statement_timestamp(), false) AS lease_live,
+	       expires_at
+	FROM ` + table + `
+	WHERE scope = $1 AND key = $2`
 }
 
 func (s *Store) prepareRest() {
