@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +15,6 @@ import (
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
-	"github.com/idemhq/idem/sqlitestore"
 )
 
 // fakeProvider is a card provider whose answer each test decides; it
@@ -135,11 +133,7 @@ func newProviderBench(t *testing.T, backend string, fp *fakeProvider, budget tim
 	)
 	switch backend {
 	case "SQLite":
-		s, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "pay.db"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		s := openSQLite(t)
 		r := SQLiteRepo{Store: s}
 		if err := r.Migrate(ctx); err != nil {
 			t.Fatal(err)

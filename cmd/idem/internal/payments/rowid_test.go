@@ -2,7 +2,6 @@ package payments
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -40,11 +39,7 @@ func TestSQLiteTableWithoutRowID(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			store, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "pay.db"), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { store.Close() })
+			store := openSQLite(t)
 			if tc.before != "" {
 				if _, err := store.DB().ExecContext(ctx, tc.before); err != nil {
 					t.Fatal(err)
@@ -59,7 +54,8 @@ func TestSQLiteTableWithoutRowID(t *testing.T) {
 				if got := withoutRowIDTable(t, store); got != tc.withoutRowID {
 					t.Fatalf("after Migrate (SameTx %v): WITHOUT ROWID %v, want %v", sameTx, got, tc.withoutRowID)
 				}
-				if repo, err = repo.Prepare(ctx); err != nil {
+				repo, err := repo.Prepare(ctx)
+				if err != nil {
 					t.Fatal(err)
 				}
 				n++

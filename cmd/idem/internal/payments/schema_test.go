@@ -3,12 +3,9 @@ package payments
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/idemhq/idem/sqlitestore"
 )
 
 // foreignTables are payments tables the demo cannot use, with what the
@@ -94,11 +91,7 @@ func TestSQLiteMigrateRefusesForeignTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			store, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "pay.db"), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { store.Close() })
+			store := openSQLite(t)
 			if _, err := store.DB().ExecContext(ctx, tc.sqlite); err != nil {
 				t.Fatal(err)
 			}
@@ -132,11 +125,7 @@ func TestMigrateAcceptsOwnTable(t *testing.T) {
 	})
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
-		store, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "pay.db"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { store.Close() })
+		store := openSQLite(t)
 		repo := SQLiteRepo{Store: store}
 		for range 2 {
 			if err := repo.Migrate(ctx); err != nil {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +16,6 @@ import (
 	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/memstore"
 	"github.com/idemhq/idem/pgstore"
-	"github.com/idemhq/idem/sqlitestore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -221,11 +219,7 @@ func TestCreateDatabaseRefusalIsStored(t *testing.T) {
 func TestCreateDatabaseRefusalIsStoredSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "pay.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store := openSQLite(t)
 	// The application's own table, with a constraint the validation does
 	// not know; Migrate then leaves it as it is.
 	if _, err := store.DB().ExecContext(ctx, `CREATE TABLE payments (
