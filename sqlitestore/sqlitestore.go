@@ -900,14 +900,45 @@ type storeTx struct {
 	s  *Store
 	tx *sql.Tx
 
-	// mu guards pending: the core renews from its own goroutine.
+	// mu guards pending and broken: the core renews from its own
+	// goroutine.
 	mu      sync.Mutex
 	pending *pendingClaim // ClaimTx's record, until it is written
+	// broken is the failure of a statement the transaction ran for the
+	// core (a renewal, a checkpoint, a completion). SQLite rolls the whole
+	// transaction back when a write in it is interrupted (its context
+	// ended: the core cancels a renewal still running when the operation
+	// returns), and the connection then runs every later statement in
+	// autocommit mode: a completion would commit the stored response alone,
+	// without the business writes it answers for. After such a failure
+	// the transaction refuses to write or commit anything more.
+	broken error
+}
+
+// fail records err, the failure of one of the transaction's statements,
+// unless the statement ran and only found the lease gone; t.mu is held.
+func (t *storeTx) fail(err error) error {
+	if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) && t.broken == nil {
+		t.broken = err
+	}
+	return err
+}
+
+// usable returns an error if a statement of the transaction failed
+// before; t.mu is held.
+func (t *storeTx) usable() error {
+	if t.broken != nil {
+		return fmt.Errorf("sqlitestore: the transaction may have been rolled back by an earlier failure (%v)", t.broken)
+	}
+	return nil
 }
 
 func (t *storeTx) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.usable(); err != nil {
+		return err
+	}
 	if c := t.pending; c.is(p.Scope, p.Key, p.Token) {
 		enc, err := t.s.encode(p)
 		if err != nil {
@@ -916,7 +947,7 @@ func (t *storeTx) Complete(ctx context.Context, p idemstore.CompleteParams) erro
 		if p.Now.UnixNano() >= c.expires {
 			return fmt.Errorf("sqlitestore: complete: %w", idemstore.ErrLeaseLost)
 		}
-		if err := t.put(ctx, stateCompleted, nil, enc); err != nil {
+		if err := t.fail(t.put(ctx, stateCompleted, nil, enc)); err != nil {
 			return fmt.Errorf("sqlitestore: complete: %w", err)
 		}
 		return nil
@@ -924,7 +955,7 @@ func (t *storeTx) Complete(ctx context.Context, p idemstore.CompleteParams) erro
 	if err := t.materialize(ctx); err != nil {
 		return err
 	}
-	return t.s.complete(ctx, t.tx, p)
+	return t.fail(t.s.complete(ctx, t.tx, p))
 }
 
 // put writes the pending claim's record in state st, and forgets the
@@ -950,7 +981,7 @@ func (t *storeTx) materialize(ctx context.Context) error {
 	if t.pending == nil {
 		return nil
 	}
-	if err := t.put(ctx, stateInFlight, t.pending.token, nil); err != nil {
+	if err := t.fail(t.put(ctx, stateInFlight, t.pending.token, nil)); err != nil {
 		return fmt.Errorf("sqlitestore: write the claim: %w", err)
 	}
 	return nil
@@ -960,10 +991,13 @@ func (t *storeTx) materialize(ctx context.Context) error {
 func (t *storeTx) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointParams) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.usable(); err != nil {
+		return err
+	}
 	if err := t.materialize(ctx); err != nil {
 		return err
 	}
-	return t.s.saveCheckpoint(ctx, t.tx, p)
+	return t.fail(t.s.saveCheckpoint(ctx, t.tx, p))
 }
 
 // Renew renews inside the transaction: it holds the file's write lock, so
@@ -972,6 +1006,9 @@ func (t *storeTx) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpoint
 func (t *storeTx) Renew(ctx context.Context, p idemstore.RenewParams) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.usable(); err != nil {
+		return err
+	}
 	if c := t.pending; c.is(p.Scope, p.Key, p.Token) {
 		if p.Now.UnixNano() >= c.expires {
 			return fmt.Errorf("sqlitestore: renew: %w", idemstore.ErrLeaseLost)
@@ -979,14 +1016,17 @@ func (t *storeTx) Renew(ctx context.Context, p idemstore.RenewParams) error {
 		c.lease = p.Now.Add(p.Lease).UnixNano()
 		return nil
 	}
-	return t.s.renew(ctx, t.tx, p)
+	return t.fail(t.s.renew(ctx, t.tx, p))
 }
 
 // Commit commits the transaction; a claim neither completed nor written
 // yet is written in flight first, as ClaimTx promises.
 func (t *storeTx) Commit(ctx context.Context) error {
 	t.mu.Lock()
-	err := t.materialize(ctx)
+	err := t.usable()
+	if err == nil {
+		err = t.materialize(ctx)
+	}
 	t.mu.Unlock()
 	if err != nil {
 		t.tx.Rollback()
