@@ -297,8 +297,10 @@ func faultsAndKills(t *testing.T, db string) {
 	var pays struct{ Count, Captured int64 }
 	getJSON(t, cur.url+"/api/payments/count", &pays)
 	if count.Count != payments || pays.Count != payments || pays.Captured != payments {
-		t.Fatalf("%d charges, %d payments, %d captured; want %d each", count.Count, pays.Count, pays.Captured, payments)
+		t.Errorf("%d charges, %d payments, %d captured; want %d each", count.Count, pays.Count, pays.Captured, payments)
 	}
+	// Every client has its 201, so every payment is complete by now: no
+	// wait is needed. Checking each one names the payment a count misses.
 	for _, r := range answers {
 		checkCharged(t, cur.url, prov.url, r)
 	}
