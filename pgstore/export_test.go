@@ -28,3 +28,17 @@ const Migrations = 6
 // StuckStatements returns the statements of Stuck and of Stuck with Held,
 // for the plan tests.
 func (s *Store) StuckStatements() (stuck, held string) { return s.stuckSQL, s.heldSQL }
+
+// PinClaimStatement makes Claim always start with the INSERT of a new key
+// (insert true) or always with the statement that also answers
+// duplicates, instead of choosing by what its recent claims met.
+func PinClaimStatement(s *Store, insert bool) {
+	s.dups.fixed = 2
+	if insert {
+		s.dups.fixed = 1
+	}
+}
+
+// ClaimsMostlyNew reports whether Claim would start with the INSERT of a
+// new key.
+func ClaimsMostlyNew(s *Store) bool { return s.dups.mostlyNew() }

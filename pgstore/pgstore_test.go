@@ -22,23 +22,82 @@ import (
 // The whole contract holds with synchronous and with asynchronous claim
 // commits (Config.AsyncClaim), and with duplicates answered by a read
 // before the claim statement (Config.ReadFirst), on pgx (New) and on
-// database/sql (NewDB).
+// database/sql (NewDB); and whichever statement Claim starts with (the
+// INSERT of a new key, or the statement that also answers duplicates).
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	eachMode(t, func(t *testing.T, mode string) {
 		for _, c := range []struct {
 			name string
 			cfg  *pgstore.Config
-		}{{"sync", nil}, {"async-claim", &pgstore.Config{AsyncClaim: true}}, {"read-first", &pgstore.Config{AsyncClaim: true, ReadFirst: true}}} {
+			pin  int // 0: Claim chooses; 1: INSERT first; 2: the duplicates' statement first
+		}{
+			{"sync", nil, 0},
+			{"sync/insert-first", nil, 1},
+			{"sync/answer-first", nil, 2},
+			{"async-claim", &pgstore.Config{AsyncClaim: true}, 0},
+			{"async-claim/answer-first", &pgstore.Config{AsyncClaim: true}, 2},
+			{"read-first", &pgstore.Config{AsyncClaim: true, ReadFirst: true}, 0},
+		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
 				storetest.Run(t, storetest.Harness{
-					NewStore:    func(t *testing.T) idemstore.Store { return newFixtureIn(t, mode, c.cfg).store },
+					NewStore: func(t *testing.T) idemstore.Store {
+						s := newFixtureIn(t, mode, c.cfg).store
+						if c.pin != 0 {
+							pgstore.PinClaimStatement(s, c.pin == 1)
+						}
+						return s
+					},
 					ServerClock: true,
 				})
 			})
 		}
 	})
+}
+
+// Claim starts with the INSERT of a new key while most recent claims were
+// of new keys, and with the statement that also answers duplicates once
+// most were duplicates; every answer is right either way.
+func TestClaimStatementFollowsTraffic(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	s := f.store
+	newKeys := func(prefix string, n int) {
+		for i := range n {
+			mustClaim(t, s, claimParams("scope", fmt.Sprintf("%s-%d", prefix, i)), idemstore.ClaimAcquired)
+		}
+	}
+	if !pgstore.ClaimsMostlyNew(s) {
+		t.Fatal("a new store does not start with the INSERT")
+	}
+	newKeys("a", 10)
+	done := claimParams("scope", "done")
+	mustClaim(t, s, done, idemstore.ClaimAcquired)
+	if err := s.Complete(t.Context(), completeParams(done, &idemstore.Response{StatusCode: 201, Body: []byte("stored")})); err != nil {
+		t.Fatal(err)
+	}
+	replays := 0
+	for pgstore.ClaimsMostlyNew(s) {
+		r := mustClaim(t, s, claimParams("scope", "done"), idemstore.ClaimCompleted)
+		if string(r.Record.Response.Body) != "stored" {
+			t.Fatalf("replayed %q", r.Record.Response.Body)
+		}
+		if replays++; replays > 100 {
+			t.Fatal("100 replays in a row did not switch Claim to the statement that answers them")
+		}
+	}
+	// Now on the duplicates' statement: replays, in-flight keys and new
+	// keys are still answered right.
+	mustClaim(t, s, claimParams("scope", "done"), idemstore.ClaimCompleted)
+	mustClaim(t, s, claimParams("scope", "a-0"), idemstore.ClaimInFlight)
+	news := 0
+	for !pgstore.ClaimsMostlyNew(s) {
+		mustClaim(t, s, claimParams("scope", fmt.Sprintf("b-%d", news)), idemstore.ClaimAcquired)
+		if news++; news > 100 {
+			t.Fatal("100 new keys in a row did not switch Claim back to the INSERT")
+		}
+	}
 }
 
 const fpA = idem.FingerprintVersion + ":aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
