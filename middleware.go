@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemhq/idem/idemstore"
@@ -22,8 +23,11 @@ type Middleware struct {
 	deny map[string]bool
 	// fields is Config.FingerprintInclude/Exclude, parsed; nil without.
 	fields *fieldSelection
-	// scopes caches the record scope of each route pattern (see scope).
-	scopes sync.Map
+	// scopes caches the record scope of each route pattern, and of up
+	// to maxUnroutedScopes other operations, counted by unrouted (see
+	// scope).
+	scopes   sync.Map
+	unrouted atomic.Int64
 	// expiry caches the text of the last expiry sent.
 	expiry expiryCache
 	// netHTTPOnly names a Config field set that only a net/http request

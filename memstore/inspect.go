@@ -17,11 +17,11 @@ var _ idemstore.Inspector = (*Store)(nil)
 func (s *Store) info(k recordKey, r *record, withResponse bool) idemstore.RecordInfo {
 	v := *r
 	if !withResponse {
-		v.resp, v.checkpoint = nil, nil // not decoded for a listing
+		v.data, v.respAt = nil, 0 // not decoded for a listing
 	}
 	ri := idemstore.RecordInfo{Scope: k.scope, Key: k.key, Record: v.view()}
 	if r.completed {
-		ri.ResponseSize = len(r.resp)
+		ri.ResponseSize = len(r.resp())
 	}
 	return ri
 }
@@ -142,6 +142,6 @@ func (s *Store) Delete(ctx context.Context, p idemstore.DeleteParams) error {
 	case !r.completed && !p.Force:
 		return idemstore.ErrInFlight
 	}
-	sh.remove(s, k, &r)
+	sh.remove(s, k)
 	return nil
 }
