@@ -25,7 +25,7 @@ type renewer struct {
 	e      *Executor
 	ctx    context.Context // the request's values, without its cancellation
 	x      *execution
-	params idemstore.RenewParams
+	lease  time.Duration           // the record's names are x.ids
 	cancel context.CancelCauseFunc // cancels the operation
 	every  time.Duration
 
@@ -46,7 +46,7 @@ type renewer struct {
 // operation.
 func (r *renewer) start(ctx context.Context, x *execution, cp idemstore.ClaimParams, cancel context.CancelCauseFunc) {
 	r.e, r.ctx, r.x, r.cancel = x.e, ctx, x, cancel
-	r.params = idemstore.RenewParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Lease: cp.Lease}
+	r.lease = cp.Lease
 	r.every = cp.Lease / 3
 	r.leaseEnd = cp.Now.Add(cp.Lease)
 	r.e.renewals.add(r)
@@ -64,8 +64,8 @@ func (r *renewer) renew() {
 	r.inflight = cancel
 	r.mu.Unlock()
 
-	p := r.params
-	p.Now = r.e.cfg.NowFunc()
+	ids := &r.x.ids
+	p := idemstore.RenewParams{Scope: ids.scope, Key: ids.key, Token: ids.token, Lease: r.lease, Now: r.e.cfg.NowFunc()}
 	var err error
 	if tr := r.x.tx.renewer(); tr != nil {
 		err = tr.Renew(ctx, p)
@@ -99,7 +99,7 @@ func (r *renewer) renew() {
 // report tells the observer and the log how a renewal went, and cancels
 // the operation if its lease is gone. It runs outside the renewer's lock.
 func (r *renewer) report(err error, leaseOver bool) {
-	op, key := slog.String("operation", r.x.p.Operation), keyAttr(r.params.Key)
+	op, key := slog.String("operation", r.x.p.Operation), keyAttr(r.x.ids.key)
 	switch {
 	case err == nil:
 		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.p.Operation}, r.x.start)
