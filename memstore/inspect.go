@@ -16,10 +16,14 @@ var _ idemstore.Inspector = (*Store)(nil)
 
 func (s *Store) info(k recordKey, r *record, withResponse bool) idemstore.RecordInfo {
 	v := *r
-	if !withResponse {
-		v.data, v.respAt = nil, 0 // not decoded for a listing
+	switch {
+	case withResponse:
+	case v.completed:
+		v.data = v.data[:v.respAt] // the response is not decoded for a listing
+	default:
+		v.data = nil // nor the checkpoint copied
 	}
-	ri := idemstore.RecordInfo{Scope: k.scope, Key: k.key, Record: v.view()}
+	ri := idemstore.RecordInfo{Scope: k.scope, Key: k.key, Record: v.view(k)}
 	if r.completed {
 		ri.ResponseSize = len(r.resp())
 	}
