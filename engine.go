@@ -250,22 +250,30 @@ func (m *Middleware) problemFor(err error, res *Result) *Problem {
 	return nil
 }
 
-// scope returns the record scope of a request. The scopes of requests named
-// by their route pattern, with no tenant, are cached: their number is
-// bounded by the router's patterns, and sharing one string per route saves
-// an allocation per request and, on memstore, per stored record (see
-// exchange for what that measured).
+// scope returns the record scope of a request. The scopes of requests
+// with no tenant are cached: sharing one string per operation saves an
+// allocation per request and, on memstore, an object per stored record,
+// which the collector marks on every cycle (see exchange for what such
+// allocations measured). The operations named by their route pattern are
+// bounded by the router's patterns; the others (method and path) are not,
+// so at most maxUnroutedScopes of them are cached, the first ones seen.
 func (m *Middleware) scope(tenant, op string, routed bool) string {
-	if tenant != "" || !routed {
+	if tenant != "" {
 		return Scope(tenant, op)
 	}
 	if s, ok := m.scopes.Load(op); ok {
 		return s.(string)
 	}
 	s := Scope("", op)
-	m.scopes.Store(op, s)
+	if routed || m.unrouted.Add(1) <= maxUnroutedScopes {
+		m.scopes.Store(op, s)
+	}
 	return s
 }
+
+// maxUnroutedScopes bounds the scopes cached for requests without a route
+// pattern: a few dozen kilobytes.
+const maxUnroutedScopes = 256
 
 // isIdemField reports whether k is one of the fields idem sets itself.
 func isIdemField(k string) bool {

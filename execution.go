@@ -11,11 +11,20 @@ import (
 
 // execution is one run of an operation under a claim it owns; the
 // operation's context carries it (InfoFromContext, TxFromContext, Step).
+//
+// It is allocated per execution, so its parts hold nothing twice: the
+// renewer and the steps read the record's names and the executor here.
+// That keeps it within 632 bytes, which
+// with the 8-byte header the runtime adds to an object with pointers over
+// 512 bytes is the 640-byte size class, below the 896 it took before: 256
+// bytes less allocated per first execution, which the collector's pacing
+// turns into fewer cycles.
 type execution struct {
-	e        *Executor
-	p        DoParams
-	ids      idemstore.ReleaseParams // the record and its owner token
-	start    time.Time
+	e     *Executor
+	p     DoParams
+	ids   recordIDs // the record as stores name it, and its owner token
+	start time.Time
+	// tookOver is cr.TookOver; info's copy is the handler's to change.
 	tookOver bool
 	info     RequestInfo // what InfoFromContext returns
 	tx       *txHolder   // nil unless the store is a TxStore
@@ -23,6 +32,11 @@ type execution struct {
 	steps    stepRun // the recovery points of a multi-step operation (steps.go)
 	ctx      execContext
 }
+
+// recordIDs names the record an execution owns (with
+// idemcrypt.Config.HashKey, the digests of its scope and key) and its
+// owner token.
+type recordIDs struct{ scope, key, token string }
 
 // execContext is the operation's context: the context it wraps, with the
 // execution as the value of execKey. It is what context.WithValue would
@@ -77,7 +91,7 @@ func (c *call) execute(cr idemstore.ClaimResult, claimed *txHolder) (*Result, er
 	x := &execution{
 		e:        e,
 		p:        p,
-		ids:      idemstore.ReleaseParams{Scope: c.cp.Scope, Key: c.cp.Key, Token: c.cp.Token},
+		ids:      recordIDs{c.cp.Scope, c.cp.Key, c.cp.Token},
 		start:    c.start,
 		tookOver: cr.TookOver,
 		info: RequestInfo{Key: p.Key, Scope: p.Scope, ExpiresAt: cr.Record.ExpiresAt, TookOver: cr.TookOver, Payload: p.Payload,
@@ -90,7 +104,7 @@ func (c *call) execute(cr idemstore.ClaimResult, claimed *txHolder) (*Result, er
 	case e.txStore != nil:
 		x.tx = &txHolder{store: e.txStore, ctx: detached, timeout: e.cfg.StoreTimeout}
 	}
-	x.steps.init(e, p, c.cp, x.tx, checkpoint)
+	x.steps.init(x, c.cp, checkpoint)
 	opCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if !x.claimed() {
@@ -162,7 +176,7 @@ func (x *execution) record(ctx context.Context, resp *Response, opErr error) (bo
 		return true, opErr
 	}
 
-	cp := idemstore.CompleteParams{Scope: x.ids.Scope, Key: x.ids.Key, Token: x.ids.Token, Response: resp, Now: e.cfg.NowFunc()}
+	cp := idemstore.CompleteParams{Scope: x.ids.scope, Key: x.ids.key, Token: x.ids.token, Response: resp, Now: e.cfg.NowFunc()}
 	if tx != nil {
 		pctx, end := e.phase(ctx, PhaseComplete, &x.p)
 		err := e.completeTx(pctx, tx, cp, x.p)
@@ -230,8 +244,7 @@ func (x *execution) release(ctx context.Context, tx idemstore.Tx) error {
 	pctx, end := e.phase(ctx, PhaseRelease, &x.p)
 	sctx, cancel := e.storeCall(pctx)
 	defer cancel()
-	p := x.ids
-	p.Now = e.cfg.NowFunc()
+	p := idemstore.ReleaseParams{Scope: x.ids.scope, Key: x.ids.key, Token: x.ids.token, Now: e.cfg.NowFunc()}
 	err := e.store.Release(sctx, p)
 	end(err)
 	if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {

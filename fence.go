@@ -30,7 +30,7 @@ func DeriveKey(ctx context.Context, step string) (string, error) {
 	if !ok || r == nil {
 		return "", ErrNoExecution
 	}
-	return DeriveKeyWith(r.e.cfg.DeriveKeySecret, info.Scope, info.Key, step), nil
+	return DeriveKeyWith(r.x.e.cfg.DeriveKeySecret, info.Scope, info.Key, step), nil
 }
 
 // DeriveKeyWith is DeriveKey for an explicit secret, scope and key, for

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemhq/idem/idemstore"
@@ -22,8 +23,11 @@ type Middleware struct {
 	deny map[string]bool
 	// fields is Config.FingerprintInclude/Exclude, parsed; nil without.
 	fields *fieldSelection
-	// scopes caches the record scope of each route pattern (see scope).
-	scopes sync.Map
+	// scopes caches the record scope of each route pattern, and of up
+	// to maxUnroutedScopes other operations, counted by unrouted (see
+	// scope).
+	scopes   sync.Map
+	unrouted atomic.Int64
 	// expiry caches the text of the last expiry sent.
 	expiry expiryCache
 	// netHTTPOnly names a Config field set that only a net/http request
@@ -95,19 +99,25 @@ type httpExchange struct {
 	body replayBody
 	rec  recorder
 	ex   exchange
-	// small holds a request body that fits (with the spare byte Body
-	// reads into), saving its allocation. The body is read-only once
-	// read, and whatever keeps it (the handler's reader, a stored
-	// payload) keeps the exchange alive with it.
-	small [smallBody]byte
-	// out is the recorder's first buffer: a small response body is
-	// recorded without an allocation of its own.
-	out [smallBody]byte
+	// room holds, first, a request body that fits (with the spare byte
+	// Body reads into), and after it (from used) the recorder's first
+	// buffer: a small request and a small response need no allocations
+	// of their own. One room shared by both, rather than one each of a
+	// fixed size, keeps the exchange within 760 bytes (with the runtime's
+	// 8-byte header for objects with pointers over 512 bytes, the size
+	// class 768, below 896; allocated per request) and lets either be
+	// larger when
+	// the other is small. The body is read-only once read, and whatever
+	// keeps either part (the handler's reader, a stored payload or
+	// response body) keeps the exchange alive with it.
+	used int
+	room [roomSize]byte
 }
 
-// smallBody is the room for a request body in the exchange's allocation:
-// small JSON requests (the benchmarks' 100 bytes) fit.
-const smallBody = 256
+// roomSize is the room for a request body and a response body in the
+// exchange's allocation (see httpExchange.room): small JSON requests and
+// responses (the benchmarks' 100 bytes each) fit.
+const roomSize = 416
 
 func (q netHTTPRequest) Context() context.Context    { return q.r.Context() }
 func (q netHTTPRequest) Method() string              { return q.r.Method }
@@ -164,8 +174,9 @@ func (hx *httpExchange) Body(limit int64) ([]byte, error) {
 	var err error
 	if r.ContentLength >= 0 {
 		// One spare byte of capacity receives the check below.
-		if r.ContentLength < smallBody {
-			body = hx.small[: r.ContentLength : r.ContentLength+1]
+		if r.ContentLength < roomSize {
+			hx.used = int(r.ContentLength) + 1
+			body = hx.room[: r.ContentLength : r.ContentLength+1]
 		} else {
 			body = make([]byte, r.ContentLength, r.ContentLength+1)
 		}
@@ -200,7 +211,7 @@ func (hx *httpExchange) SetHeader(name string, values []string) { hx.rec.w.Heade
 // Run runs next with the execution's context, recording its response.
 func (hx *httpExchange) Run(ctx context.Context, expiresAt time.Time) (*Response, error) {
 	rec := &hx.rec
-	*rec = recorder{w: rec.w, limit: hx.ex.m.cfg.MaxResponseBody, header: make(http.Header), buf: hx.out[:0], expiresAt: expiresAt}
+	*rec = recorder{w: rec.w, limit: hx.ex.m.cfg.MaxResponseBody, header: make(http.Header), buf: hx.room[hx.used:hx.used], expiresAt: expiresAt}
 	hx.next.ServeHTTP(rec, hx.r.WithContext(ctx))
 	if !rec.wroteHeader && hx.r.Context().Err() != nil {
 		return nil, errClientGone

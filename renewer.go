@@ -22,10 +22,11 @@ import (
 // timer or goroutine of its own), and only a renewal that falls due runs,
 // on a goroutine of its own.
 type renewer struct {
-	e      *Executor
-	ctx    context.Context // the request's values, without its cancellation
+	// x is the execution, whose executor (x.e) the renewer uses; nil when
+	// no renewal was scheduled.
 	x      *execution
-	params idemstore.RenewParams
+	ctx    context.Context         // the request's values, without its cancellation
+	lease  time.Duration           // the record's names are x.ids
 	cancel context.CancelCauseFunc // cancels the operation
 	every  time.Duration
 
@@ -45,11 +46,11 @@ type renewer struct {
 // the request's values without its cancellation, cancel ends the
 // operation.
 func (r *renewer) start(ctx context.Context, x *execution, cp idemstore.ClaimParams, cancel context.CancelCauseFunc) {
-	r.e, r.ctx, r.x, r.cancel = x.e, ctx, x, cancel
-	r.params = idemstore.RenewParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Lease: cp.Lease}
+	r.ctx, r.x, r.cancel = ctx, x, cancel
+	r.lease = cp.Lease
 	r.every = cp.Lease / 3
 	r.leaseEnd = cp.Now.Add(cp.Lease)
-	r.e.renewals.add(r)
+	r.x.e.renewals.add(r)
 }
 
 // renew runs one renewal that fell due, and schedules the next.
@@ -59,18 +60,18 @@ func (r *renewer) renew() {
 		r.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.ctx, r.e.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(r.ctx, r.x.e.cfg.StoreTimeout)
 	defer cancel()
 	r.inflight = cancel
 	r.mu.Unlock()
 
-	p := r.params
-	p.Now = r.e.cfg.NowFunc()
+	ids := &r.x.ids
+	p := idemstore.RenewParams{Scope: ids.scope, Key: ids.key, Token: ids.token, Lease: r.lease, Now: r.x.e.cfg.NowFunc()}
 	var err error
 	if tr := r.x.tx.renewer(); tr != nil {
 		err = tr.Renew(ctx, p)
 	} else {
-		err = r.e.store.Renew(ctx, p)
+		err = r.x.e.store.Renew(ctx, p)
 	}
 
 	r.mu.Lock()
@@ -83,10 +84,10 @@ func (r *renewer) renew() {
 	case errors.Is(err, idemstore.ErrLeaseLost):
 		r.lost = true
 	default:
-		leaseOver = !r.e.cfg.NowFunc().Before(r.leaseEnd)
+		leaseOver = !r.x.e.cfg.NowFunc().Before(r.leaseEnd)
 	}
 	if !stopped && !r.lost && !leaseOver {
-		r.e.renewals.add(r) // under r.mu, so that stop finds it queued
+		r.x.e.renewals.add(r) // under r.mu, so that stop finds it queued
 	}
 	r.inflight = nil
 	r.mu.Unlock()
@@ -99,22 +100,22 @@ func (r *renewer) renew() {
 // report tells the observer and the log how a renewal went, and cancels
 // the operation if its lease is gone. It runs outside the renewer's lock.
 func (r *renewer) report(err error, leaseOver bool) {
-	op, key := slog.String("operation", r.x.p.Operation), keyAttr(r.params.Key)
+	op, key := slog.String("operation", r.x.p.Operation), keyAttr(r.x.ids.key)
 	switch {
 	case err == nil:
-		r.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.p.Operation}, r.x.start)
+		r.x.e.emit(r.ctx, Event{Kind: EventRenewed, Operation: r.x.p.Operation}, r.x.start)
 	case errors.Is(err, idemstore.ErrLeaseLost):
 		r.cancel(idemstore.ErrLeaseLost)
 	case leaseOver:
 		// The lease ran out while the store could not be reached: another
 		// attempt may own the record now, so the operation must stop.
-		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease expired while renewals failed; cancelling the operation",
+		r.x.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease expired while renewals failed; cancelling the operation",
 			op, key, slog.Any("error", err))
-		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
+		r.x.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
 		r.cancel(idemstore.ErrLeaseLost)
 	default:
-		r.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease renewal failed; retrying", op, key, slog.Any("error", err))
-		r.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
+		r.x.e.cfg.Logger.LogAttrs(r.ctx, slog.LevelWarn, "idem: lease renewal failed; retrying", op, key, slog.Any("error", err))
+		r.x.e.emit(r.ctx, Event{Kind: EventStoreError, Operation: r.x.p.Operation, Err: err}, r.x.start)
 	}
 }
 
@@ -125,8 +126,8 @@ func (r *renewer) stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stopped = true
-	if r.e != nil { // nil when no renewal was scheduled (an uncommitted claim)
-		r.e.renewals.remove(r)
+	if r.x != nil { // nil when no renewal was scheduled (an uncommitted claim)
+		r.x.e.renewals.remove(r)
 	}
 	if r.inflight != nil {
 		r.inflight()

@@ -135,17 +135,17 @@ func stepRunFrom(ctx context.Context) *stepRun {
 }
 
 // stepRun is the step state of one execution. It lives in the execution's
-// allocation; ss is nil when the store is not a StepStore.
+// allocation; ss is nil when the store is not a StepStore. The executor,
+// the transaction holder and the record's names are the execution's (x):
+// not copied here, they keep the execution within a smaller size class,
+// every byte of which is allocated per execution.
 type stepRun struct {
-	e      *Executor
-	ss     idemstore.StepStore
-	holder *txHolder
-	scope  string // the record as stores name it
-	key    string
-	token  string
-	// name is the record as the client named it, with its fingerprint:
-	// what a sealed checkpoint is bound to.
-	name DoParams
+	x  *execution
+	ss idemstore.StepStore
+	// fingerprint is the record's, as claimed (perhaps in an older
+	// version than x.p's): with the record's names as the client gave
+	// them (x.p), what a sealed checkpoint is bound to.
+	fingerprint string
 
 	mu sync.Mutex
 	// doc is the checkpoint as last saved or inherited, with the steps
@@ -154,10 +154,11 @@ type stepRun struct {
 	// raw is the inherited checkpoint as stored, kept for holding a record
 	// whose checkpoint cannot be decoded (err).
 	raw []byte
+	err error
 	// saved reports that the record holds a checkpoint (inherited by a
-	// take-over or saved by this execution).
+	// take-over or saved by this execution). It sits with the other
+	// flags: apart, its padding took 8 bytes of the execution's.
 	saved bool
-	err   error
 	// suspended reports that the execution ended by keeping the record at
 	// its recovery point (set by releaseOrSuspend), and held that it was
 	// kept held for an operator.
@@ -166,10 +167,9 @@ type stepRun struct {
 
 // init prepares the step state of an execution of p under the claim cp;
 // checkpoint is the record's recovery point, opened (see openCheckpoint).
-func (r *stepRun) init(e *Executor, p DoParams, cp idemstore.ClaimParams, holder *txHolder, checkpoint []byte) {
-	r.e, r.holder, r.scope, r.key, r.token = e, holder, cp.Scope, cp.Key, cp.Token
-	r.name = DoParams{Scope: p.Scope, Key: p.Key, Fingerprint: cp.Fingerprint}
-	r.ss, _ = e.store.(idemstore.StepStore)
+func (r *stepRun) init(x *execution, cp idemstore.ClaimParams, checkpoint []byte) {
+	r.x, r.fingerprint = x, cp.Fingerprint
+	r.ss, _ = x.e.store.(idemstore.StepStore)
 	if r.ss != nil && len(checkpoint) > 0 {
 		r.doc, r.err = parseCheckpointDoc(checkpoint)
 		r.raw, r.saved = checkpoint, true
@@ -210,7 +210,7 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte
 	if r == nil || r.ss == nil {
 		return nil, ErrStepsUnsupported
 	}
-	if r.holder != nil && r.holder.claimed {
+	if r.x.claimed() {
 		return nil, fmt.Errorf("%w: the claim is not committed yet (Config.ClaimInTx), and a recovery point would commit it", ErrStepsUnsupported)
 	}
 	if name == "" {
@@ -267,11 +267,11 @@ func (r *stepRun) find(name string) int {
 // rollback discards the open transaction, if any, so that a failed step's
 // writes never commit with a later step.
 func (r *stepRun) rollback() {
-	tx, end := r.holder.take()
+	tx, end := r.x.tx.take()
 	if tx == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.holder.ctx, r.e.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(r.x.tx.ctx, r.x.e.cfg.StoreTimeout)
 	_ = tx.Rollback(ctx)
 	cancel()
 	end()
@@ -288,7 +288,7 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 		doc.Steps = append(doc.Steps, st)
 	}
 	if doc.Since.IsZero() {
-		doc.Since = r.e.cfg.NowFunc().UTC()
+		doc.Since = r.x.e.cfg.NowFunc().UTC()
 	}
 	enc, err := json.Marshal(doc)
 	if err != nil {
@@ -300,17 +300,18 @@ func (r *stepRun) save(ctx context.Context, st StepState) error {
 	}
 	// Committing a step that was done must not depend on the client still
 	// waiting; StoreTimeout bounds it instead.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.StoreTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.x.e.cfg.StoreTimeout)
 	defer cancel()
 	if enc, err = r.seal(sctx, enc); err != nil {
 		// Nothing of the step may commit with a later one.
 		r.rollback()
 		return fmt.Errorf("%w: step %q: %w", ErrStoreUnavailable, st.Name, err)
 	}
-	p := idemstore.SaveCheckpointParams{Scope: r.scope, Key: r.key, Token: r.token, Checkpoint: enc}
-	tx, end := r.holder.take()
+	ids := &r.x.ids
+	p := idemstore.SaveCheckpointParams{Scope: ids.scope, Key: ids.key, Token: ids.token, Checkpoint: enc}
+	tx, end := r.x.tx.take()
 	defer end()
-	p.Now = r.e.cfg.NowFunc()
+	p.Now = r.x.e.cfg.NowFunc()
 	if tx != nil {
 		ct, ok := tx.(idemstore.CheckpointTx)
 		if !ok {
@@ -404,11 +405,11 @@ func (p *holdPolicy) holds(d checkpointDoc, now time.Time) bool {
 // rewritten: releasing would forget the steps that were done, so the record
 // is left as it is (fail closed) until its lease ends, unless pol holds it
 // whatever its state, which saves the inherited bytes back unchanged.
-func (r *stepRun) suspend(ctx context.Context, ids idemstore.ReleaseParams, pol *holdPolicy) (bool, error) {
+func (r *stepRun) suspend(ctx context.Context, ids recordIDs, pol *holdPolicy) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.e.cfg.NowFunc()
-	p := idemstore.SaveCheckpointParams{Scope: ids.Scope, Key: ids.Key, Token: ids.Token, EndLease: true, Now: now}
+	now := r.x.e.cfg.NowFunc()
+	p := idemstore.SaveCheckpointParams{Scope: ids.scope, Key: ids.key, Token: ids.token, EndLease: true, Now: now}
 	doc := r.doc
 	if r.err != nil {
 		if pol == nil || !pol.always {
@@ -428,7 +429,7 @@ func (r *stepRun) suspend(ctx context.Context, ids idemstore.ReleaseParams, pol 
 		}
 		p.Checkpoint, p.Hold = enc, doc.Held
 	}
-	sctx, cancel := context.WithTimeout(ctx, r.e.cfg.StoreTimeout)
+	sctx, cancel := context.WithTimeout(ctx, r.x.e.cfg.StoreTimeout)
 	defer cancel()
 	// What is saved is sealed as every checkpoint is (r.raw is the
 	// inherited checkpoint as opened, see openCheckpoint).
@@ -447,7 +448,7 @@ func (r *stepRun) suspend(ctx context.Context, ids idemstore.ReleaseParams, pol 
 // seal returns the form of an encoded checkpoint to store: sealed and
 // bound to the record with Config.Encryption, as it is without.
 func (r *stepRun) seal(ctx context.Context, enc []byte) ([]byte, error) {
-	return r.e.cfg.Encryption.SealCheckpoint(ctx, r.name.Scope, r.name.Key, r.name.Fingerprint, enc)
+	return r.x.e.cfg.Encryption.SealCheckpoint(ctx, r.x.p.Scope, r.x.p.Key, r.fingerprint, enc)
 }
 
 // openCheckpoint returns the recovery point a claim of p returned (stored,

@@ -16,12 +16,16 @@ var _ idemstore.Inspector = (*Store)(nil)
 
 func (s *Store) info(k recordKey, r *record, withResponse bool) idemstore.RecordInfo {
 	v := *r
-	if !withResponse {
-		v.resp, v.checkpoint = nil, nil // not decoded for a listing
+	switch {
+	case withResponse:
+	case v.completed:
+		v.data = v.data[:v.respAt] // the response is not decoded for a listing
+	default:
+		v.data = nil // nor the checkpoint copied
 	}
-	ri := idemstore.RecordInfo{Scope: k.scope, Key: k.key, Record: v.view()}
+	ri := idemstore.RecordInfo{Scope: k.scope, Key: k.key, Record: v.view(k)}
 	if r.completed {
-		ri.ResponseSize = len(r.resp)
+		ri.ResponseSize = len(r.resp())
 	}
 	return ri
 }
@@ -142,6 +146,6 @@ func (s *Store) Delete(ctx context.Context, p idemstore.DeleteParams) error {
 	case !r.completed && !p.Force:
 		return idemstore.ErrInFlight
 	}
-	sh.remove(s, k, &r)
+	sh.remove(s, k)
 	return nil
 }

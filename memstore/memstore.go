@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/idemhq/idem/idemstore"
 )
@@ -56,32 +57,83 @@ type Store struct {
 type shard struct {
 	mu      sync.Mutex
 	records map[recordKey]record
+	// watchers holds the watchers of this shard's in-flight records, by
+	// record; wait mode alone adds to it. It lives beside the records
+	// rather than in them: a field of every record is a word of every
+	// map slot the collector scans.
+	watchers map[recordKey]map[*watch]struct{}
 }
 
 type recordKey struct{ scope, key string }
 
 // record is one stored record, held in its shard's map by value: a claim
 // allocates no record of its own. A store may hold a million records, and
-// the garbage collector scans every pointer in them on each cycle, so a
-// record has few: times are Unix nanoseconds, and a completed record's
-// response is one byte slice in idemstore.Response's binary encoding
-// (pointer-free), instead of a Response with a header map, its value
-// slices and strings. With 150,000 completed records of the middleware's
-// benchmark, that halves the heap the collector scans (92 to 42 MB) and
-// its objects (1.2 million to 0.45 million); a replay decodes the
-// response instead, in a few allocations.
+// the garbage collector scans every pointer in them on each cycle and
+// marks every object they point to, so a record has few of both: times
+// are Unix nanoseconds, and a completed record keeps its key, its
+// fingerprint and its response (in idemstore.Response's binary encoding,
+// pointer-free) back to back in one byte slice, data, which the map key's
+// key is a view of (and the fingerprint, read through fp). Against a Response with
+// a header map, its value slices and strings, that halved the heap the
+// collector scans (92 to 42 MB with 150,000 completed records of the
+// middleware's benchmark); against key, fingerprint and response as
+// three objects, it marks one object per record instead of three. A
+// replay decodes the response, in a few allocations.
 // A record must stay within 128 bytes, beyond which the map would hold it
 // through a pointer of its own.
 type record struct {
-	expiresAt   int64
-	leaseEnd    int64
-	fence       int64
+	expiresAt int64
+	leaseEnd  int64
+	fence     int64
+	// fingerprint is an in-flight record's; a completed record's is in
+	// data (see fp), one pointer less for the collector to follow.
 	fingerprint string
 	token       string
-	resp        []byte // a completed record's response, encoded
-	checkpoint  []byte
-	watchers    map[*watch]struct{}
-	completed   bool
+	// data is, in flight, the checkpoint (nil without one); once
+	// completed, key, fingerprint and encoded response, the response at
+	// offset respAt (see complete).
+	data      []byte
+	respAt    uint32
+	completed bool
+}
+
+// checkpoint returns an in-flight record's checkpoint.
+func (r *record) checkpoint() []byte {
+	if r.completed {
+		return nil
+	}
+	return r.data
+}
+
+// resp returns a completed record's encoded response.
+func (r *record) resp() []byte {
+	if !r.completed {
+		return nil
+	}
+	return r.data[r.respAt:]
+}
+
+// fp returns the fingerprint of r, stored at k.
+func (r *record) fp(k recordKey) string {
+	if !r.completed || int(r.respAt) == len(k.key) {
+		return r.fingerprint
+	}
+	return unsafe.String(&r.data[len(k.key)], int(r.respAt)-len(k.key))
+}
+
+// complete makes r, stored at k, a completed record with the encoded
+// response enc, and returns the key to store it under: its key becomes a
+// view of r.data, as its fingerprint does (fp). data is never written
+// after, which is what makes the views (unsafe.String) safe. Storing the record under
+// the returned key replaces the map's copy of the key (the map updates a
+// string key on assignment), so that the claim's strings can be freed.
+func (r *record) complete(k recordKey, enc []byte) recordKey {
+	kl, fl := len(k.key), len(r.fingerprint)
+	data := make([]byte, 0, kl+fl+len(enc))
+	data = append(append(append(data, k.key...), r.fingerprint...), enc...)
+	k.key = unsafe.String(unsafe.SliceData(data), kl)
+	r.completed, r.data, r.respAt, r.token, r.fingerprint = true, data, uint32(kl+fl), "", ""
+	return k
 }
 
 type watch struct{ ch chan struct{} }
@@ -138,7 +190,7 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 	r, ok := sh.records[k]
 	if ok && now >= r.expiresAt {
 		// Expired: it behaves as absent.
-		sh.remove(s, k, &r)
+		sh.remove(s, k)
 		ok = false
 	}
 	switch {
@@ -153,18 +205,18 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 		r.own(p, s.fence.Add(1))
 		sh.records[k] = r
 		s.count.Add(1)
-		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: r.view()}, nil
-	case r.fingerprint != p.Fingerprint:
-		return idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: r.view(k)}, nil
+	case r.fp(k) != p.Fingerprint:
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: r.view(k)}, nil
 	case r.completed:
-		return idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: r.view(k)}, nil
 	case now < r.leaseEnd:
-		return idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: r.view(k)}, nil
 	default:
 		r.own(p, s.fence.Add(1))
-		r.notify()
+		sh.notify(k)
 		sh.records[k] = r
-		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, TookOver: true, Record: r.view()}, nil
+		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, TookOver: true, Record: r.view(k)}, nil
 	}
 }
 
@@ -177,30 +229,31 @@ func (r *record) own(p idemstore.ClaimParams, fence int64) {
 
 // view returns the record as the store's callers see it. A completed
 // record's response is decoded anew each time: callers may keep it.
-func (r *record) view() idemstore.Record {
-	v := idemstore.Record{Fingerprint: r.fingerprint, ExpiresAt: time.Unix(0, r.expiresAt).UTC(), State: idemstore.StateInFlight}
+func (r *record) view(k recordKey) idemstore.Record {
+	v := idemstore.Record{Fingerprint: r.fp(k), ExpiresAt: time.Unix(0, r.expiresAt).UTC(), State: idemstore.StateInFlight}
 	if r.completed {
 		v.State = idemstore.StateCompleted
 		// The bytes are the store's own encoding: a failure is a bug,
 		// and the caller then sees a completed record without a
 		// response, which it reports as a store failure.
-		if len(r.resp) > 0 {
-			if resp, err := idemstore.DecodeResponse(r.resp); err == nil {
+		if enc := r.resp(); len(enc) > 0 {
+			if resp, err := idemstore.DecodeResponse(enc); err == nil {
 				v.Response = resp
 			}
 		}
 	} else {
 		v.LeaseExpiresAt = time.Unix(0, r.leaseEnd).UTC()
-		v.Fence, v.Checkpoint = r.fence, r.checkpoint
+		v.Fence, v.Checkpoint = r.fence, r.data
 	}
 	return v
 }
 
 // withOwned runs change on the in-flight record at (scope, key) if token
-// owns it, under the shard's lock, and stores the changed record, or
-// removes it if change says so; otherwise it returns idemstore.ErrLeaseLost.
-// This is the fencing rule every transition after a claim follows.
-func (s *Store) withOwned(ctx context.Context, scope, key, token string, now time.Time, change func(record) (_ record, remove bool)) error {
+// owns it, under the shard's lock, and stores the changed record under the
+// key change returns, or removes it, and wakes its watchers, as change
+// says; otherwise it returns idemstore.ErrLeaseLost. This is the fencing
+// rule every transition after a claim follows.
+func (s *Store) withOwned(ctx context.Context, scope, key, token string, now time.Time, change func(recordKey, record) (recordKey, record, action)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -214,25 +267,39 @@ func (s *Store) withOwned(ctx context.Context, scope, key, token string, now tim
 	}
 	// change gets and returns a copy: a pointer to r would move it to the
 	// heap, the allocation the map's inline records save.
-	if r, remove := change(r); remove {
-		sh.remove(s, k, &r)
-	} else {
-		sh.records[k] = r
+	k, r, act := change(k, r)
+	switch act {
+	case removeRecord:
+		sh.remove(s, k)
+		return nil
+	case storeAndNotify:
+		sh.notify(k)
 	}
+	sh.records[k] = r
 	return nil
 }
 
+// action is what withOwned does with a changed record.
+type action int
+
+const (
+	storeRecord action = iota
+	storeAndNotify
+	removeRecord
+)
+
 // Renew implements idemstore.Store.
 func (s *Store) Renew(ctx context.Context, p idemstore.RenewParams) error {
-	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(r record) (record, bool) {
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(k recordKey, r record) (recordKey, record, action) {
 		r.leaseEnd = p.Now.Add(p.Lease).UnixNano()
-		return r, false
+		return k, r, storeRecord
 	})
 }
 
 // Complete implements idemstore.Store. The store keeps the response in its
 // binary encoding (idemstore.Response.MarshalBinary), made outside the
-// shard's lock.
+// shard's lock; under it, the encoding is copied once more, beside the key
+// and fingerprint (see record).
 func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error {
 	if p.Response == nil {
 		return errors.New("memstore: complete needs a response")
@@ -241,16 +308,16 @@ func (s *Store) Complete(ctx context.Context, p idemstore.CompleteParams) error 
 	if err != nil {
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
-	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(r record) (record, bool) {
-		r.completed, r.resp, r.token, r.checkpoint = true, enc, "", nil
-		r.notify()
-		return r, false
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(k recordKey, r record) (recordKey, record, action) {
+		return r.complete(k, enc), r, storeAndNotify
 	})
 }
 
 // Release implements idemstore.Store.
 func (s *Store) Release(ctx context.Context, p idemstore.ReleaseParams) error {
-	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(r record) (record, bool) { return r, true })
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(k recordKey, r record) (recordKey, record, action) {
+		return k, r, removeRecord
+	})
 }
 
 // SaveCheckpoint implements idemstore.StepStore. The store keeps a copy of the
@@ -260,17 +327,17 @@ func (s *Store) SaveCheckpoint(ctx context.Context, p idemstore.SaveCheckpointPa
 		return errors.New("memstore: empty checkpoint")
 	}
 	cp := bytes.Clone(p.Checkpoint)
-	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(r record) (record, bool) {
-		r.checkpoint = cp
+	return s.withOwned(ctx, p.Scope, p.Key, p.Token, p.Now, func(k recordKey, r record) (recordKey, record, action) {
+		r.data = cp
 		switch {
 		case p.Hold:
 			r.leaseEnd = heldLeaseEnd
-			r.notify()
+			return k, r, storeAndNotify
 		case p.EndLease:
 			r.leaseEnd = p.Now.UnixNano()
-			r.notify()
+			return k, r, storeAndNotify
 		}
-		return r, false
+		return k, r, storeRecord
 	})
 }
 
@@ -288,9 +355,9 @@ func (s *Store) Stuck(ctx context.Context, p idemstore.StuckParams) ([]idemstore
 	var out []idemstore.StuckRecord
 	err := s.walk(ctx, func(k recordKey, r record) {
 		held := r.leaseEnd == heldLeaseEnd
-		if !r.completed && r.checkpoint != nil && held == p.Held && r.leaseEnd <= now && now < r.expiresAt {
+		if !r.completed && r.data != nil && held == p.Held && r.leaseEnd <= now && now < r.expiresAt {
 			out = append(out, idemstore.StuckRecord{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint,
-				Checkpoint: r.checkpoint, LeaseExpiresAt: time.Unix(0, r.leaseEnd).UTC()})
+				Checkpoint: r.data, LeaseExpiresAt: time.Unix(0, r.leaseEnd).UTC()})
 		}
 	})
 	if err != nil {
@@ -324,7 +391,7 @@ func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredPara
 				break
 			}
 			if now >= r.expiresAt {
-				sh.remove(s, k, &r)
+				sh.remove(s, k)
 				deleted++
 			}
 		}
@@ -343,15 +410,15 @@ func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredPara
 func (sh *shard) evictExpired(s *Store, now int64) {
 	for k, r := range sh.records {
 		if now >= r.expiresAt {
-			sh.remove(s, k, &r)
+			sh.remove(s, k)
 		}
 	}
 }
 
-func (sh *shard) remove(s *Store, k recordKey, r *record) {
+func (sh *shard) remove(s *Store, k recordKey) {
 	delete(sh.records, k)
 	s.count.Add(-1)
-	r.notify()
+	sh.notify(k)
 }
 
 // Watch implements idemstore.Watcher: the channel is closed when the record
@@ -368,11 +435,14 @@ func (s *Store) Watch(ctx context.Context, scope, key string) (<-chan struct{}, 
 		close(w.ch)
 		return w.ch, nil
 	}
-	if r.watchers == nil {
-		r.watchers = make(map[*watch]struct{})
-		sh.records[k] = r
+	watchers := sh.watchers[k]
+	if watchers == nil {
+		if sh.watchers == nil {
+			sh.watchers = make(map[recordKey]map[*watch]struct{})
+		}
+		watchers = make(map[*watch]struct{})
+		sh.watchers[k] = watchers
 	}
-	watchers := r.watchers
 	context.AfterFunc(ctx, func() {
 		sh.mu.Lock()
 		delete(watchers, w) // a no-op once notify has run
@@ -382,12 +452,16 @@ func (s *Store) Watch(ctx context.Context, scope, key string) (<-chan struct{}, 
 	return w.ch, nil
 }
 
-// notify wakes every watcher of r.
-func (r *record) notify() {
-	for w := range r.watchers {
+// notify wakes every watcher of the record at k; the caller holds the
+// shard's lock.
+func (sh *shard) notify(k recordKey) {
+	if len(sh.watchers) == 0 {
+		return
+	}
+	for w := range sh.watchers[k] {
 		close(w.ch)
 	}
-	r.watchers = nil
+	delete(sh.watchers, k)
 }
 
 // walk calls fn on every record, holding one shard's lock at a time, and
