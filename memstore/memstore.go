@@ -97,14 +97,6 @@ type record struct {
 	completed bool
 }
 
-// checkpoint returns an in-flight record's checkpoint.
-func (r *record) checkpoint() []byte {
-	if r.completed {
-		return nil
-	}
-	return r.data
-}
-
 // resp returns a completed record's encoded response.
 func (r *record) resp() []byte {
 	if !r.completed {
