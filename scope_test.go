@@ -4,8 +4,6 @@ import (
 	"strconv"
 	"testing"
 	"unsafe"
-
-	"github.com/idemhq/idem/memstore"
 )
 
 // TestScopeCacheBounded checks that the scopes of requests without a
@@ -13,14 +11,7 @@ import (
 // of them are cached whatever the number of paths.
 func TestScopeCacheBounded(t *testing.T) {
 	t.Parallel()
-	store, err := memstore.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := NewMiddleware(store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMemMiddleware(t)
 	a, b := m.scope("", "POST /pay", false), m.scope("", "POST /pay", false)
 	if a != Scope("", "POST /pay") || unsafe.StringData(a) != unsafe.StringData(b) {
 		t.Fatalf("scope = %q, then %q at another address; want %q shared", a, b, Scope("", "POST /pay"))

@@ -38,14 +38,7 @@ func TestExchangeSizeClass(t *testing.T) {
 // replays intact.
 func TestRoomSharedByBodies(t *testing.T) {
 	t.Parallel()
-	store, err := memstore.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := NewMiddleware(store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMemMiddleware(t)
 	reqBody := strings.Repeat("q", 100)
 	// Longer than what is left of the room after the request: the
 	// recorder's buffer grows out of it.
@@ -68,4 +61,19 @@ func TestRoomSharedByBodies(t *testing.T) {
 			}
 		}
 	}
+}
+
+// newMemMiddleware returns a Middleware with the default Config on a new
+// memstore.
+func newMemMiddleware(t *testing.T) *Middleware {
+	t.Helper()
+	store, err := memstore.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMiddleware(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
