@@ -120,8 +120,12 @@ func testInspect(t *testing.T, h Harness) {
 
 	t.Run("List", func(t *testing.T) {
 		b, in := inspector(t)
-		running := b.acquire(fpA)
-		done := b.acquire(fpB)
+		// Records that outlive the walks below on a server clock: a shared
+		// Redis may hold many other keys, and every walk scans them too.
+		running := b.longClaim(fpA)
+		b.mustOutcome(running, idemstore.ClaimAcquired)
+		done := b.longClaim(fpB)
+		b.mustOutcome(done, idemstore.ClaimAcquired)
 		if err := b.complete(done, sampleResponse()); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
