@@ -17,7 +17,8 @@ import (
 // statement (pgx's Batch.BeginTx), and the completion with COMMIT.
 
 // ClaimTx implements idemstore.TxClaimer (idem.Config.ClaimInTx). With
-// ReadFirst, duplicates are answered by the read, as in Claim. A new key is
+// ReadFirst, while most recent claims met a record, duplicates are answered
+// by the read, as in Claim. A new key is
 // claimed by the claim statement inside a transaction that stays open for
 // the operation's writes; the claim, the writes and the stored response
 // then commit together, synchronously (AsyncClaim does not apply).
@@ -42,12 +43,14 @@ func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore
 		case sqlState(err) == "55P03":
 			// lock_not_available: another transaction holds an
 			// uncommitted claim of the key.
+			s.dups.Record(true)
 			return idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: idemstore.Record{State: idemstore.StateInFlight}}, nil, nil
 		case sqlState(err) == "40001" && ctx.Err() == nil:
 			continue
 		case err != nil:
 			return idemstore.ClaimResult{}, nil, fmt.Errorf("pgstore: claim: %w", err)
 		case ok:
+			s.dups.Record(r.Outcome != idemstore.ClaimAcquired)
 			return r, tx, nil
 		}
 	}

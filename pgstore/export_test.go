@@ -33,12 +33,12 @@ func (s *Store) StuckStatements() (stuck, held string) { return s.stuckSQL, s.he
 // (insert true) or always with the statement that also answers
 // duplicates, instead of choosing by what its recent claims met.
 func PinClaimStatement(s *Store, insert bool) {
-	s.dups.fixed = 2
+	s.dups.Pin("dups")
 	if insert {
-		s.dups.fixed = 1
+		s.dups.Pin("new")
 	}
 }
 
 // ClaimsMostlyNew reports whether Claim would start with the INSERT of a
 // new key.
-func ClaimsMostlyNew(s *Store) bool { return s.dups.mostlyNew() }
+func ClaimsMostlyNew(s *Store) bool { return s.dups.MostlyNew() }

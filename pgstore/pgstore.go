@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/internal/dupscore"
 	"github.com/idemhq/idem/pgstore/internal/pgdb"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -85,10 +85,13 @@ type Config struct {
 	// The claim statement answers duplicates too, in one round trip for
 	// every request, but PostgreSQL plans and initialises its INSERT …
 	// ON CONFLICT node even when nothing is inserted: about four times the
-	// execution time of the SELECT. The price is a second round trip for
-	// every new key. Worth it where retries are common or replays must be
-	// as cheap as a read; the answers are the same either way. Defaults
-	// to false.
+	// execution time of the SELECT. The read would cost every new key a
+	// second round trip, so the store reads first only while most of its
+	// recent claims met a record; while most were of new keys, Claim and
+	// ClaimTx go straight to the statement that inserts (and a duplicate
+	// it meets is read then). Worth it where retries are common or replays
+	// must be as cheap as a read; the answers are the same either way.
+	// Defaults to false.
 	ReadFirst bool
 
 	// ClaimTxWait bounds how long ClaimTx (idem.Config.ClaimInTx) waits
@@ -135,7 +138,7 @@ type Store struct {
 	// insertSQL is Claim's first statement while dups says that most
 	// claims are of new keys (insertStatement); claimSQL otherwise.
 	insertSQL string
-	dups      dupTracker
+	dups      dupscore.Tracker
 	// takeOverSQL is the claim statement that also replaces a record:
 	// Claim runs it when claimSQL (newKeyStatement) did not answer.
 	takeOverSQL string
@@ -321,7 +324,7 @@ func (s *Store) prepareSQL() {
 // completion, than on newKeyStatement, which answers duplicates in the
 // same round trip but starts up a plan of several nodes for every claim
 // (pgstore/BENCHMARKS.md). Claim picks between the two by what its recent
-// claims met (dupTracker).
+// claims met (dupscore).
 //
 // The NOT EXISTS keeps a duplicate from waiting: when a transaction has
 // changed the record and not committed yet (CompleteTx's, or a take-over
@@ -341,42 +344,6 @@ func (s *Store) insertStatement(extra string) string {
 	WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` WHERE scope = $1 AND key = $2)` + extra + `
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING lease_expires_at, expires_at, fence`
-}
-
-// dupTracker tells Claim whether its recent claims were mostly of new
-// keys, for which insertStatement is the cheaper first statement, or
-// mostly duplicates (replays above all), which newKeyStatement answers in
-// one round trip instead of two. Either statement answers every claim
-// correctly; only the cost differs. score moves one step towards
-// dupScoreMax for each duplicate and towards 0 for each new key; updates
-// from concurrent claims may race, which only blurs the estimate.
-type dupTracker struct {
-	score atomic.Int32
-	// fixed, set by tests only, pins the choice: 1 insertStatement, 2
-	// newKeyStatement.
-	fixed int8
-}
-
-// dupScoreMax bounds dupTracker's score: after a run of replays, half as
-// many new keys make Claim use insertStatement again.
-const dupScoreMax = 64
-
-func (d *dupTracker) record(dup bool) {
-	v := d.score.Load()
-	switch {
-	case dup && v < dupScoreMax:
-		d.score.Add(1)
-	case !dup && v > 0:
-		d.score.Add(-1)
-	}
-}
-
-// mostlyNew reports whether Claim should start with insertStatement.
-func (d *dupTracker) mostlyNew() bool {
-	if d.fixed != 0 {
-		return d.fixed == 1
-	}
-	return d.score.Load() < dupScoreMax/2
 }
 
 // newKeyStatement is Claim's first statement, with extra added to the
@@ -563,24 +530,7 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 	}
 	q := s.claimSQL
 	switch {
-	case s.readFirst:
-		r, ok, found, err := s.readOnce(ctx, p)
-		if err != nil {
-			return r, fmt.Errorf("pgstore: claim: %w", err)
-		}
-		if ok {
-			return r, nil
-		}
-		if found {
-			// A record to replace: only the take-over statement can.
-			q = s.takeOverSQL
-			break
-		}
-		if r, ok, err := s.insertOnce(ctx, p); ok || err != nil {
-			return r, err
-		}
-		q = s.takeOverSQL
-	case s.dups.mostlyNew():
+	case s.dups.MostlyNew():
 		r, ok, err := s.insertOnce(ctx, p)
 		if ok || err != nil {
 			return r, err
@@ -594,6 +544,24 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 		}
 		if ok {
 			return r, nil
+		}
+		q = s.takeOverSQL
+	case s.readFirst:
+		r, ok, found, err := s.readOnce(ctx, p)
+		if err != nil {
+			return r, fmt.Errorf("pgstore: claim: %w", err)
+		}
+		s.dups.Record(found)
+		if ok {
+			return r, nil
+		}
+		if found {
+			// A record to replace: only the take-over statement can.
+			q = s.takeOverSQL
+			break
+		}
+		if r, ok, err := s.insertOnce(ctx, p); ok || err != nil {
+			return r, err
 		}
 		q = s.takeOverSQL
 	}
@@ -610,7 +578,7 @@ func (s *Store) Claim(ctx context.Context, p idemstore.ClaimParams) (idemstore.C
 		}
 		if ok {
 			if q == s.claimSQL {
-				s.dups.record(r.Outcome != idemstore.ClaimAcquired)
+				s.dups.Record(r.Outcome != idemstore.ClaimAcquired)
 			}
 			return r, nil
 		}
@@ -633,7 +601,7 @@ func (s *Store) insertOnce(ctx context.Context, p idemstore.ClaimParams) (idemst
 		err := s.db.QueryRow(ctx, s.insertSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL).Scan(&leaseEnd, &expiresAt, &fence)
 		switch {
 		case pgdb.IsNoRows(err):
-			s.dups.record(true)
+			s.dups.Record(true)
 			return idemstore.ClaimResult{}, false, nil
 		case err != nil:
 			if sqlState(err) == "40001" && ctx.Err() == nil && attempt < claimAttempts {
@@ -641,7 +609,7 @@ func (s *Store) insertOnce(ctx context.Context, p idemstore.ClaimParams) (idemst
 			}
 			return idemstore.ClaimResult{}, false, fmt.Errorf("pgstore: claim: %w", err)
 		}
-		s.dups.record(false)
+		s.dups.Record(false)
 		rec := idemstore.Record{Fingerprint: p.Fingerprint, ExpiresAt: expiresAt, LeaseExpiresAt: leaseEnd, State: idemstore.StateInFlight, Fence: fence}
 		return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec}, true, nil
 	}
@@ -665,12 +633,14 @@ func (s *Store) answerFirst(ctx context.Context, p idemstore.ClaimParams) (r ide
 	if err := checkClaim(p); err != nil {
 		return r, false, err
 	}
-	if !s.readFirst {
+	if !s.readFirst || s.dups.MostlyNew() {
 		return r, false, nil
 	}
-	if r, ok, _, err = s.readOnce(ctx, p); err != nil {
+	r, ok, found, err := s.readOnce(ctx, p)
+	if err != nil {
 		return r, false, fmt.Errorf("pgstore: claim: %w", err)
 	}
+	s.dups.Record(found)
 	return r, ok, nil
 }
 

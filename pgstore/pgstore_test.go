@@ -38,6 +38,7 @@ func TestConformance(t *testing.T) {
 			{"async-claim", &pgstore.Config{AsyncClaim: true}, 0},
 			{"async-claim/answer-first", &pgstore.Config{AsyncClaim: true}, 2},
 			{"read-first", &pgstore.Config{AsyncClaim: true, ReadFirst: true}, 0},
+			{"read-first/read", &pgstore.Config{AsyncClaim: true, ReadFirst: true}, 2},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
@@ -57,15 +58,51 @@ func TestConformance(t *testing.T) {
 }
 
 // Claim starts with the INSERT of a new key while most recent claims were
-// of new keys, and with the statement that also answers duplicates once
-// most were duplicates; every answer is right either way.
+// of new keys, and with the statement that also answers duplicates (with
+// ReadFirst, the read) once most were duplicates; ClaimTx skips
+// ReadFirst's read while most claims were new. Every answer is right
+// either way.
 func TestClaimStatementFollowsTraffic(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
-	s := f.store
+	for _, c := range []struct {
+		name string
+		cfg  *pgstore.Config
+		tx   bool
+	}{
+		{"claim", nil, false},
+		{"claim/read-first", &pgstore.Config{ReadFirst: true}, false},
+		{"claim-tx/read-first", &pgstore.Config{ReadFirst: true}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testClaimFollowsTraffic(t, newFixture(t, c.cfg).store, c.tx)
+		})
+	}
+}
+
+func testClaimFollowsTraffic(t *testing.T, s *pgstore.Store, inTx bool) {
+	claim := func(p idemstore.ClaimParams, want idemstore.ClaimOutcome) idemstore.ClaimResult {
+		t.Helper()
+		if !inTx {
+			return mustClaim(t, s, p, want)
+		}
+		r, tx, err := s.ClaimTx(t.Context(), p)
+		if err != nil {
+			t.Fatalf("ClaimTx(%q): %v", p.Key, err)
+		}
+		if r.Outcome != want {
+			t.Fatalf("ClaimTx(%q) = %v, want %v", p.Key, r.Outcome, want)
+		}
+		if tx != nil {
+			if err := tx.Commit(t.Context()); err != nil {
+				t.Fatalf("Commit of %q's claim: %v", p.Key, err)
+			}
+		}
+		return r
+	}
 	newKeys := func(prefix string, n int) {
 		for i := range n {
-			mustClaim(t, s, claimParams("scope", fmt.Sprintf("%s-%d", prefix, i)), idemstore.ClaimAcquired)
+			claim(claimParams("scope", fmt.Sprintf("%s-%d", prefix, i)), idemstore.ClaimAcquired)
 		}
 	}
 	if !pgstore.ClaimsMostlyNew(s) {
@@ -73,13 +110,13 @@ func TestClaimStatementFollowsTraffic(t *testing.T) {
 	}
 	newKeys("a", 10)
 	done := claimParams("scope", "done")
-	mustClaim(t, s, done, idemstore.ClaimAcquired)
+	claim(done, idemstore.ClaimAcquired)
 	if err := s.Complete(t.Context(), completeParams(done, &idemstore.Response{StatusCode: 201, Body: []byte("stored")})); err != nil {
 		t.Fatal(err)
 	}
 	replays := 0
 	for pgstore.ClaimsMostlyNew(s) {
-		r := mustClaim(t, s, claimParams("scope", "done"), idemstore.ClaimCompleted)
+		r := claim(claimParams("scope", "done"), idemstore.ClaimCompleted)
 		if string(r.Record.Response.Body) != "stored" {
 			t.Fatalf("replayed %q", r.Record.Response.Body)
 		}
@@ -89,11 +126,11 @@ func TestClaimStatementFollowsTraffic(t *testing.T) {
 	}
 	// Now on the duplicates' statement: replays, in-flight keys and new
 	// keys are still answered right.
-	mustClaim(t, s, claimParams("scope", "done"), idemstore.ClaimCompleted)
-	mustClaim(t, s, claimParams("scope", "a-0"), idemstore.ClaimInFlight)
+	claim(claimParams("scope", "done"), idemstore.ClaimCompleted)
+	claim(claimParams("scope", "a-0"), idemstore.ClaimInFlight)
 	news := 0
 	for !pgstore.ClaimsMostlyNew(s) {
-		mustClaim(t, s, claimParams("scope", fmt.Sprintf("b-%d", news)), idemstore.ClaimAcquired)
+		claim(claimParams("scope", fmt.Sprintf("b-%d", news)), idemstore.ClaimAcquired)
 		if news++; news > 100 {
 			t.Fatal("100 new keys in a row did not switch Claim back to the INSERT")
 		}
