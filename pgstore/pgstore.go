@@ -136,9 +136,11 @@ type Store struct {
 
 	claimSQL, renewSQL, completeSQL, releaseSQL, deleteExpiredSQL string
 	// insertSQL is Claim's first statement while dups says that most
-	// claims are of new keys (insertStatement); claimSQL otherwise.
-	insertSQL string
-	dups      dupscore.Tracker
+	// claims are of new keys (insertStatement with its lock wait bounded);
+	// guardedInsertSQL (with the NOT EXISTS guard) is what it falls back
+	// on when that wait ran out; claimSQL is the first statement otherwise.
+	insertSQL, guardedInsertSQL string
+	dups                        dupscore.Tracker
 	// takeOverSQL is the claim statement that also replaces a record:
 	// Claim runs it when claimSQL (newKeyStatement) did not answer.
 	takeOverSQL string
@@ -304,7 +306,9 @@ func (s *Store) prepareSQL() {
 		asyncClaim = `
 	  AND set_config('synchronous_commit', 'off', true) = 'off'`
 	}
-	s.insertSQL = s.insertStatement(asyncClaim)
+	s.insertSQL = s.insertStatement(false, `
+	WHERE set_config('lock_timeout', '`+insertLockWait+`', true) IS NOT NULL`+asyncClaim)
+	s.guardedInsertSQL = s.insertStatement(true, asyncClaim)
 	s.claimSQL = s.newKeyStatement(asyncClaim)
 	s.takeOverSQL = s.claimStatement(asyncClaim)
 	// ClaimTx's claim waits for another transaction's uncommitted claim
@@ -316,35 +320,58 @@ func (s *Store) prepareSQL() {
 	s.prepareRest()
 }
 
-// insertStatement is Claim's statement for a key that has no record, with
-// extra added to the condition under which it inserts: an INSERT … ON
-// CONFLICT DO NOTHING, which returns a row only when it inserted. When the
-// key has a record it writes nothing, and Claim reads the record in a
-// second round trip. PostgreSQL spends about 10 % less on it, with the
-// completion, than on newKeyStatement, which answers duplicates in the
-// same round trip but starts up a plan of several nodes for every claim
-// (pgstore/BENCHMARKS.md). Claim picks between the two by what its recent
-// claims met (dupscore).
+// insertStatement is Claim's statement for a key that has no record: an
+// INSERT … ON CONFLICT DO NOTHING, which returns a row only when it
+// inserted. When the key has a record it writes nothing, and Claim reads
+// the record in a second round trip. PostgreSQL spends about 10 % less on
+// it, with the completion, than on newKeyStatement, which answers
+// duplicates in the same round trip but starts up a plan of several nodes
+// for every claim (pgstore/BENCHMARKS.md). Claim picks between the two by
+// what its recent claims met (dupscore).
 //
-// The NOT EXISTS keeps a duplicate from waiting: when a transaction has
-// changed the record and not committed yet (CompleteTx's, or a take-over
-// in ClaimTx's), ON CONFLICT would wait for that transaction to end before
-// it decides, where the committed record already answers (409, as a
-// rule). Only a key that has no committed record reaches ON CONFLICT, and
-// waits, as with the other statements, for a concurrent first claim.
+// ON CONFLICT waits when a transaction has changed the key's record and
+// not committed yet (CompleteTx's, or a take-over in ClaimTx's): it must
+// know whether that transaction's row survives before it decides, where
+// the committed record already answers (409, as a rule). Two statements
+// keep a duplicate from waiting on it:
+//   - Claim's first one (guard false, extra setting lock_timeout to
+//     insertLockWait for the statement) waits at most that long. A
+//     duplicate rarely meets an uncommitted change (CompleteTx's lock
+//     lasts until its commit), so the common claim pays no more than the
+//     INSERT itself;
+//   - the one Claim falls back on when that wait ran out (guard true)
+//     inserts only WHERE NOT EXISTS a committed record of the key: only a
+//     key that has none reaches ON CONFLICT, and waits, as the other
+//     statements do, for a concurrent first claim. The guard costs
+//     PostgreSQL a second probe of the primary key on every claim (about
+//     19 µs of its CPU, pgbench), which is why it is not the first.
 //
-// nextval runs only when the INSERT is attempted, so a duplicate rarely
-// uses up a fence number (a concurrent insert may: fences still grow per
-// key, with gaps).
-func (s *Store) insertStatement(extra string) string {
+// extra is added to the condition under which the SELECT produces the row
+// to insert (after the guard's WHERE when there is one); it starts with
+// WHERE when there is no guard. nextval runs only when the INSERT is
+// attempted, so a duplicate rarely uses up a fence number (a concurrent
+// insert may: fences still grow per key, with gaps).
+func (s *Store) insertStatement(guard bool, extra string) string {
 	t := s.table
+	cond := extra
+	if guard {
+		cond = `
+	WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` WHERE scope = $1 AND key = $2)` + extra
+	}
 	return `INSERT INTO ` + t + ` (scope, key, fingerprint, token, lease_expires_at, expires_at, attempt, fence)
 	SELECT $1, $2, $3, $4, statement_timestamp() + $5::interval, statement_timestamp() + $6::interval, 1,
-	       nextval('` + s.fenceSeq() + `'::regclass)
-	WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` WHERE scope = $1 AND key = $2)` + extra + `
+	       nextval('` + s.fenceSeq() + `'::regclass)` + cond + `
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING lease_expires_at, expires_at, fence`
 }
+
+// insertLockWait bounds how long Claim's first INSERT waits for a
+// transaction that holds the key's record (lock_timeout, for that
+// statement only): long enough for a commit under load, or for the
+// relation extension lock PostgreSQL takes to grow the table (a wait of
+// over 20 ms was seen on a loaded 2-core machine); after it, the guarded
+// statement answers.
+const insertLockWait = "50ms"
 
 // newKeyStatement is Claim's first statement, with extra added to the
 // condition under which it inserts (evaluated only when it writes). It
@@ -598,13 +625,20 @@ func (s *Store) insertOnce(ctx context.Context, p idemstore.ClaimParams) (idemst
 			leaseEnd, expiresAt time.Time
 			fence               int64
 		)
-		err := s.db.QueryRow(ctx, s.insertSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL).Scan(&leaseEnd, &expiresAt, &fence)
+		q := s.insertSQL
+		if attempt > 1 {
+			q = s.guardedInsertSQL
+		}
+		err := s.db.QueryRow(ctx, q, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL).Scan(&leaseEnd, &expiresAt, &fence)
 		switch {
 		case pgdb.IsNoRows(err):
 			s.dups.Record(true)
 			return idemstore.ClaimResult{}, false, nil
 		case err != nil:
-			if sqlState(err) == "40001" && ctx.Err() == nil && attempt < claimAttempts {
+			// 55P03 (lock_not_available): the wait ran out; 40001: a
+			// serialization failure (CockroachDB, YugabyteDB). Either
+			// statement changed nothing, and the guarded one runs next.
+			if c := sqlState(err); (c == "55P03" || c == "40001") && ctx.Err() == nil && attempt < claimAttempts {
 				continue
 			}
 			return idemstore.ClaimResult{}, false, fmt.Errorf("pgstore: claim: %w", err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemstore"
@@ -274,4 +275,58 @@ func testMiddlewareTransaction(t *testing.T, mode string) {
 	if calls.Load() != 3 {
 		t.Errorf("%d handler calls, want 3", calls.Load())
 	}
+}
+
+// Claim's first INSERT has no guard against a record another transaction
+// holds: a duplicate that meets CompleteTx's open transaction waits for it
+// at most the statement's lock_timeout, then the guarded statement answers
+// from the committed record, long before the transaction ends. The
+// lock_timeout does not outlive the statement on the connection.
+func TestClaimDoesNotWaitForAnOpenCompletion(t *testing.T) {
+	t.Parallel()
+	pool, err := openPool(1)
+	if err != nil {
+		unreachable(t, err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := pgstore.New(t.Context(), pool, &pgstore.Config{Schema: freshSchema(t, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgstore.PinClaimStatement(s, true)
+	p := claimParams("scope", "pay-1")
+	mustClaim(t, s, p, idemstore.ClaimAcquired)
+
+	// The business transaction runs on a connection of the shared pool:
+	// the store's pool has one, for the claims.
+	tx, err := sharedPool(t).Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(t.Context()))
+	if err := s.CompleteTx(t.Context(), tx, completeParams(p, &idemstore.Response{StatusCode: 201, Body: []byte("paid")})); err != nil {
+		t.Fatalf("CompleteTx: %v", err)
+	}
+	// Waiting for the open transaction would run into this deadline.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	dup := claimParams("scope", "pay-1")
+	r, err := s.Claim(ctx, dup)
+	if err != nil {
+		t.Fatalf("Claim of a key whose completion is not committed yet: %v", err)
+	}
+	if r.Outcome != idemstore.ClaimInFlight {
+		t.Fatalf("Claim = %v, want ClaimInFlight", r.Outcome)
+	}
+	var lockTimeout string
+	if err := pool.QueryRow(t.Context(), "SHOW lock_timeout").Scan(&lockTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if lockTimeout != "0" {
+		t.Errorf("lock_timeout on the store's connection after a claim = %q, want the default 0", lockTimeout)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, s, claimParams("scope", "pay-1"), idemstore.ClaimCompleted)
 }
