@@ -205,3 +205,30 @@ func TestServeDefaults(t *testing.T) {
 		}
 	}
 }
+
+// TestProcessCPU checks the /proc reading behind the serve scenario's CPU
+// per request: this process's CPU time grows by at least the time it spins
+// (less one clock tick), and an unknown process has no reading.
+func TestProcessCPU(t *testing.T) {
+	before := processCPU(os.Getpid())
+	if before < 0 {
+		t.Skip("no /proc/PID/stat here")
+	}
+	spin := 200 * time.Millisecond
+	start := time.Now()
+	for time.Since(start) < spin {
+	}
+	after := processCPU(os.Getpid())
+	if after-before < spin-10*time.Millisecond {
+		t.Errorf("CPU time grew by %v while spinning %v", after-before, spin)
+	}
+	if got := cpuPerRequest(before, before+time.Millisecond, 10); got != 100 {
+		t.Errorf("1 ms over 10 requests = %v µs, want 100", got)
+	}
+	if got := processCPU(-1); got != -1 {
+		t.Errorf("processCPU(-1) = %v, want -1", got)
+	}
+	if got := cpuPerRequest(-1, time.Second, 10); got != 0 {
+		t.Errorf("cpuPerRequest without a reading = %v, want 0", got)
+	}
+}

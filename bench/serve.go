@@ -140,7 +140,7 @@ func (e *env) runServe(ctx context.Context, r *report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "`idem serve --access-log=false --log-format json` (the payments demo, built from cmd/idem, otherwise its defaults) against **the plain handler** (`bench plain-payments`, a process of its own on the same database): `POST /api/payments` decodes and validates the same JSON, inserts one row into a table whose only index is its primary key and answers 201; `GET /api/payments/{id}` reads one row by primary key. Its pools are sized like idem's: for SQLite `sqlitestore.Open`'s (one writer connection, %d read-only connections, idle = open), for PostgreSQL a `pgxpool` with the same defaults as `idem serve`'s and every connection opened at start (MinConns = MaxConns). First execution: `idem serve` with a new key per request vs the plain insert; replay: the same POST with a completed key (one per client) vs the plain primary-key read. keep-alive clients: %s, closed loop; %d round(s), each one %v slice of each process, alternating which goes first; ratio = median of the per-round ratios.\n\n",
 		4*runtime.NumCPU(), joinInts(e.o.ServeConcurrency), e.o.Rounds, e.o.ServeDuration)
-	b.WriteString("| database | path | clients | idem serve req/s | plain req/s | ratio | target | idem serve p50 / p99 ms | plain p50 / p99 ms |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| database | path | clients | idem serve req/s | plain req/s | ratio | target | CPU µs/req idem serve / plain | idem serve p50 / p99 ms | plain p50 / p99 ms |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	body := []byte(`{"amountCents":2599,"currency":"USD","reference":"order-1001"}`)
 	var met, total [2]int
 	var vals [2][]string
@@ -207,6 +207,10 @@ func (e *env) runServe(ctx context.Context, r *report) error {
 				}
 				var ss, ps []sample
 				var ratios []float64
+				// CPU time of each server process per request (µs), by
+				// round: unlike req/s, it hardly depends on what else the
+				// machine runs.
+				var sCPU, pCPU []float64
 				for round := range e.o.Rounds {
 					var sSm, pSm sample
 					for k := range 2 {
@@ -219,9 +223,11 @@ func (e *env) runServe(ctx context.Context, r *report) error {
 								}
 								return request{method: "POST", url: u, body: body, key: keys[w]}
 							}
+							t0 := processCPU(srv.pid())
 							if sSm, err = e.loadOn(ctx, srv, sc, spec, fmt.Sprintf("serve%d-idem-%s-c%d-r%d", bi, path, conc, round)); err != nil {
 								return err
 							}
+							sCPU = append(sCPU, cpuPerRequest(t0, processCPU(srv.pid()), sSm.Requests+int64(conc*spec.Warmup)))
 						} else {
 							u := plain.url(pathPayments)
 							spec := loadSpec{Workers: conc, Duration: e.o.ServeDuration, Warmup: 2, Status: http.StatusCreated}
@@ -231,12 +237,15 @@ func (e *env) runServe(ctx context.Context, r *report) error {
 							} else {
 								spec.Req = func(w, i int) request { return request{method: "POST", url: u, body: body} }
 							}
+							t0 := processCPU(plain.pid())
 							if pSm, err = e.loadOn(ctx, plain, pc, spec, fmt.Sprintf("serve%d-plain-%s-c%d-r%d", bi, path, conc, round)); err != nil {
 								return err
 							}
+							pCPU = append(pCPU, cpuPerRequest(t0, processCPU(plain.pid()), pSm.Requests+int64(conc*spec.Warmup)))
 						}
 					}
-					e.o.logf("serve %s %s c=%d r=%d: idem serve %.0f req/s, plain %.0f req/s", bd.name, path, conc, round, sSm.Throughput, pSm.Throughput)
+					e.o.logf("serve %s %s c=%d r=%d: idem serve %.0f req/s %.1f µs CPU/req, plain %.0f req/s %.1f µs CPU/req (load %s)", bd.name, path, conc, round,
+						sSm.Throughput, sCPU[len(sCPU)-1], pSm.Throughput, pCPU[len(pCPU)-1], loadAverage())
 					ss, ps = append(ss, sSm), append(ps, pSm)
 					ratios = append(ratios, sSm.Throughput/pSm.Throughput)
 				}
@@ -251,8 +260,8 @@ func (e *env) runServe(ctx context.Context, r *report) error {
 					}
 					vals[pi] = append(vals[pi], fmt.Sprintf("%s %.2f @%d", bd.name, q, conc))
 				}
-				fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | **%.2f** | %s | %s / %s | %s / %s |\n", bd.name, path, conc,
-					fmtInt(as.thr), fmtInt(ap.thr), q, tgt, fmtDur(as.p50), fmtDur(as.p99), fmtDur(ap.p50), fmtDur(ap.p99))
+				fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | **%.2f** | %s | %.1f / %.1f | %s / %s | %s / %s |\n", bd.name, path, conc,
+					fmtInt(as.thr), fmtInt(ap.thr), q, tgt, median(sCPU), median(pCPU), fmtDur(as.p50), fmtDur(as.p99), fmtDur(ap.p50), fmtDur(ap.p99))
 			}
 		}
 		srv.stop()
@@ -514,4 +523,53 @@ func joinInts(ns []int) string {
 		s[i] = strconv.Itoa(n)
 	}
 	return strings.Join(s, ", ")
+}
+
+// processCPU returns the CPU time (user and system) the process pid has
+// used so far, from /proc/PID/stat; -1 where /proc cannot tell.
+func processCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	// The command name (field 2) may hold spaces: count from its ")".
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return -1
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return -1
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	// Linux reports both in clock ticks of 1/100 s (USER_HZ) on every
+	// architecture Go supports.
+	return time.Duration(ut+st) * (time.Second / 100)
+}
+
+// cpuPerRequest is the CPU time between two processCPU readings per
+// request, in µs; 0 without a reading.
+func cpuPerRequest(before, after time.Duration, requests int64) float64 {
+	if before < 0 || after < 0 || requests == 0 {
+		return 0
+	}
+	return float64(after-before) / float64(time.Microsecond) / float64(requests)
+}
+
+// loadAverage is the machine's one-minute load average, as /proc/loadavg
+// says it ("?" where it cannot).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }

@@ -28,3 +28,10 @@ func (s *Store) ListPlan(ctx context.Context, p idemstore.ListParams) ([]string,
 	}
 	return plan, rows.Err()
 }
+
+// PreferReads makes the store's next ClaimTx calls read first, as after a
+// run of duplicates (claimMix).
+func (s *Store) PreferReads() { s.mix.score.Store(claimMixMax) }
+
+// ReadsFirst reports whether ClaimTx reads before it takes the write lock.
+func (s *Store) ReadsFirst() bool { return !s.mix.mostlyNew() }

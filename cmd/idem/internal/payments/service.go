@@ -245,7 +245,7 @@ func (s *Service) request(w http.ResponseWriter, r *http.Request) (normalised, b
 		return n, false
 	}
 	if info, ok := idem.InfoFromContext(r.Context()); ok && info.Payload != nil {
-		if err := json.Unmarshal(info.Payload, &n); err == nil {
+		if n, ok := fromPayload(info.Payload); ok {
 			return n, true
 		}
 	}

@@ -166,9 +166,12 @@ func (s *ProviderService) logger() *slog.Logger {
 
 // Create handles POST /api/payments behind the idem middleware.
 func (s *ProviderService) Create(w http.ResponseWriter, r *http.Request) {
-	var n normalised
 	info, ok := idem.InfoFromContext(r.Context())
-	if !ok || json.Unmarshal(info.Payload, &n) != nil {
+	var n normalised
+	if ok {
+		n, ok = fromPayload(info.Payload)
+	}
+	if !ok {
 		logFailure(r.Context(), s.Logger, r, http.StatusInternalServerError, "payment.internal", errors.New("no validated payment in the request's context"))
 		writeProblem(w, http.StatusInternalServerError, "payment.internal", "Internal error", "")
 		return

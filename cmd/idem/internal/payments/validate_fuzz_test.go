@@ -56,6 +56,9 @@ func FuzzValidate(f *testing.F) {
 			t.Fatalf("the normalised %s validates to %+v (%v), not itself", again, n2, problem)
 		}
 		fp1, err1 := Fingerprint(nil, body)
+		if n3, ok := fromPayload(fp1); err1 == nil && (!ok || n3 != n) {
+			t.Fatalf("the fingerprint payload %s reads as %+v (%v), not %+v", fp1, n3, ok, n)
+		}
 		fp2, err2 := Fingerprint(nil, again)
 		if err1 != nil || err2 != nil || !bytes.Equal(fp1, fp2) {
 			t.Fatalf("the fingerprints of %q and its normalised form differ: %s / %s (%v, %v)", body, fp1, fp2, err1, err2)
