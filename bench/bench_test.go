@@ -190,6 +190,7 @@ func TestServeDefaults(t *testing.T) {
 		{nil, []int{16}, 3 * time.Second},
 		{[]string{"-serve-concurrency", "1,8,32,128", "-serve-duration", "2s"}, []int{1, 8, 32, 128}, 2 * time.Second},
 		{[]string{"-quick", "-concurrency", "4", "-duration", "150ms"}, []int{4}, 150 * time.Millisecond},
+		{[]string{"-serve-backends", "SQLite, postgresql,mariadb,redis"}, []int{16}, 3 * time.Second},
 	} {
 		o, err := parseOptions(c.args, io.Discard)
 		if err != nil {
@@ -199,7 +200,7 @@ func TestServeDefaults(t *testing.T) {
 			t.Errorf("%v: serve concurrency %v, slice %v; want %v, %v", c.args, o.ServeConcurrency, o.ServeDuration, c.conc, c.slice)
 		}
 	}
-	for _, bad := range [][]string{{"-serve-concurrency", "0"}, {"-serve-concurrency", "x"}, {"-serve-duration", "0s"}} {
+	for _, bad := range [][]string{{"-serve-concurrency", "0"}, {"-serve-concurrency", "x"}, {"-serve-duration", "0s"}, {"-serve-backends", "postgres"}, {"-serve-backends", "sqlite,"}} {
 		if _, err := parseOptions(bad, io.Discard); err == nil {
 			t.Errorf("%v: accepted", bad)
 		}

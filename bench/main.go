@@ -144,6 +144,17 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if o.ServeDuration <= 0 {
 		return nil, fmt.Errorf("-serve-duration must be positive")
 	}
+	if o.ServeBackends != "" {
+		for _, want := range strings.Split(o.ServeBackends, ",") {
+			known := false
+			for _, bd := range serveBackends {
+				known = known || strings.EqualFold(strings.TrimSpace(want), serveBackendWord(bd.name))
+			}
+			if !known {
+				return nil, fmt.Errorf("-serve-backends: unknown database %q (known: sqlite, postgresql, mariadb, redis)", want)
+			}
+		}
+	}
 	for _, f := range strings.Split(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 || n > 4096 {

@@ -124,12 +124,17 @@ func (o *options) serveBackend(name string) bool {
 	if o.ServeBackends == "" {
 		return true
 	}
-	first := strings.ToLower(strings.Fields(name)[0])
-	first = strings.TrimSuffix(first, ",")
+	first := serveBackendWord(name)
 	for _, want := range strings.Split(o.ServeBackends, ",") {
-		if strings.TrimSpace(strings.ToLower(want)) == first {
+		if strings.EqualFold(strings.TrimSpace(want), first) {
 			return true
 		}
 	}
 	return false
+}
+
+// serveBackendWord is the word -serve-backends selects a setup by: the
+// first word of its name, lower case.
+func serveBackendWord(name string) string {
+	return strings.TrimSuffix(strings.ToLower(strings.Fields(name)[0]), ",")
 }
