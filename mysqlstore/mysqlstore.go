@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/internal/dupscore"
 )
 
 // Defaults of Config.
@@ -70,9 +71,12 @@ type Config struct {
 	// payload) with a plain primary-key read, and inserts only when that
 	// read finds no record it can answer from. Without it a claim inserts
 	// first, which is all a new key costs, and a duplicate pays for the
-	// failed insert and then the read. Worth it where retries are common
-	// or replays must cost one read; the answers are the same either way.
-	// Defaults to false.
+	// failed insert and then the read. The read would cost every new key
+	// a round trip, so the store reads first only while most of its
+	// recent claims met a record; while most were of new keys, Claim and
+	// ClaimTx insert first. Worth it where retries are common or replays
+	// must cost one read; the answers are the same either way. Defaults
+	// to false.
 	ReadFirst bool
 }
 
@@ -88,6 +92,7 @@ type Store struct {
 	maxBody   int
 	lockWait  time.Duration
 	readFirst bool
+	dups      dupscore.Tracker // with readFirst: what recent claims met
 	tableName string
 	table     string // quoted
 
@@ -390,14 +395,20 @@ func (s *Store) claim(ctx context.Context, p idemstore.ClaimParams, keepOpen boo
 }
 
 // claimOnce makes one attempt. The first one inserts at once, which is all
-// a new key costs (with ReadFirst, after a read that found nothing); when
+// a new key costs (with ReadFirst, while most recent claims met a record,
+// after a read that found nothing); when
 // the key is taken it reads the record, and answers from it unless it must
 // be replaced (expired) or taken over (its lease ended), which claimLocked
 // does under the row's lock.
 func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, keepOpen, first bool) (idemstore.ClaimResult, idemstore.Tx, error) {
-	if first && !s.readFirst {
+	readFirst := first && s.readFirst && !s.dups.MostlyNew()
+	if first && !readFirst {
 		r, tx, err := s.insertFirst(ctx, p, keepOpen)
-		if err == nil || errNumber(err) != erDupEntry {
+		dup := errNumber(err) == erDupEntry
+		if s.readFirst && (err == nil || dup) {
+			s.dups.Record(dup)
+		}
+		if !dup {
 			return r, tx, err
 		}
 	}
@@ -405,12 +416,15 @@ func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, keepOpen
 	if err != nil {
 		return idemstore.ClaimResult{}, nil, err
 	}
+	if readFirst {
+		s.dups.Record(found)
+	}
 	if found && cur.live {
 		if r, ok, err := cur.answer(p); ok || err != nil {
 			return r, nil, err
 		}
 	}
-	if first && s.readFirst && !found {
+	if readFirst && !found {
 		// Nothing there: insert at once. A duplicate key means another
 		// claim inserted meanwhile; the next attempt reads it.
 		r, tx, err := s.insertFirst(ctx, p, keepOpen)
