@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/internal/dupscore"
 )
 
 // ListPlan returns SQLite's query plan for the statement List runs for p.
@@ -30,8 +31,12 @@ func (s *Store) ListPlan(ctx context.Context, p idemstore.ListParams) ([]string,
 }
 
 // PreferReads makes the store's next ClaimTx calls read first, as after a
-// run of duplicates (claimMix).
-func (s *Store) PreferReads() { s.mix.score.Store(claimMixMax) }
+// run of duplicates.
+func (s *Store) PreferReads() {
+	for range dupscore.Max {
+		s.mix.Record(true)
+	}
+}
 
 // ReadsFirst reports whether ClaimTx reads before it takes the write lock.
-func (s *Store) ReadsFirst() bool { return !s.mix.mostlyNew() }
+func (s *Store) ReadsFirst() bool { return !s.mix.MostlyNew() }

@@ -54,11 +54,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemhq/idem"
 	"github.com/idemhq/idem/idemstore"
+	"github.com/idemhq/idem/internal/dupscore"
 	"modernc.org/sqlite" // registers the "sqlite" database/sql driver
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -100,39 +100,15 @@ type Store struct {
 	sql    sqlTexts
 	st     statements
 	fences fenceBlock
-	mix    claimMix
+	// mix estimates whether recent ClaimTx calls met new keys or existing
+	// records, so that ClaimTx can skip the read that answers duplicates
+	// without the write lock while most claims are of new keys (idem
+	// serve's first payments): that read finds nothing for a new key, and
+	// the claim's transaction reads the key again under the write lock
+	// anyway. Both ways answer every claim correctly; a wrong guess costs a
+	// read, or a duplicate's wait for the write lock, never an answer.
+	mix dupscore.Tracker
 }
-
-// claimMix estimates whether a Store's recent ClaimTx calls met new keys
-// or existing records, so that ClaimTx can skip the read that answers
-// duplicates without the write lock while most claims are of new keys
-// (idem serve's first payments): that read finds nothing for a new key,
-// and the claim's transaction reads the key again under the write lock
-// anyway. Both ways answer every claim correctly; a wrong guess costs a
-// read, or a duplicate's wait for the write lock, never an answer.
-//
-// The score moves one step towards claimMixMax for each claim that met a
-// live record and towards 0 for each new key; concurrent updates may
-// race, which only blurs the estimate. The zero claimMix says "mostly
-// new". (The same estimate as the root module's internal/dupscore, kept
-// here because this module builds against released versions of the core.)
-type claimMix struct{ score atomic.Int32 }
-
-// claimMixMax bounds the score: after a run of duplicates, claimMixMax/2+1
-// new keys make claimMix say "mostly new" again.
-const claimMixMax = 64
-
-func (m *claimMix) record(existing bool) {
-	v := m.score.Load()
-	switch {
-	case existing && v < claimMixMax:
-		m.score.Add(1)
-	case !existing && v > 0:
-		m.score.Add(-1)
-	}
-}
-
-func (m *claimMix) mostlyNew() bool { return m.score.Load() < claimMixMax/2 }
 
 // fenceBlock is the block of fences a Store reserved: [next, limit].
 //
@@ -722,7 +698,7 @@ func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, now int6
 
 // ClaimTx implements idemstore.TxClaimer (Config.ClaimInTx). Duplicates are
 // answered by a read, as in Claim, once recent claims were mostly of keys
-// that had a record (claimMix); while most were of new keys, the claim
+// that had a record (Store.mix); while most were of new keys, the claim
 // goes straight to the write lock, whose transaction reads the key anyway
 // and answers a duplicate as well. A new key is claimed in an immediate
 // transaction that stays open, holding the file's write lock, for the
@@ -732,13 +708,13 @@ func (s *Store) claimOnce(ctx context.Context, p idemstore.ClaimParams, now int6
 // committed. A take-over of an abandoned record commits on its own, as in
 // Claim.
 func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
-	if s.mix.mostlyNew() {
+	if s.mix.MostlyNew() {
 		if p.Lease <= 0 || p.TTL <= 0 {
 			return idemstore.ClaimResult{}, nil, errors.New("sqlitestore: claim needs a positive lease and TTL")
 		}
 		res, tx, err := s.claimTxLocked(ctx, p)
 		if err == nil {
-			s.mix.record(tx == nil)
+			s.mix.Record(tx == nil)
 		}
 		return res, tx, err
 	}
@@ -746,7 +722,7 @@ func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore
 	if err != nil {
 		return res, nil, err
 	}
-	s.mix.record(done || r.live)
+	s.mix.Record(done || r.live)
 	if done {
 		return res, nil, nil
 	}

@@ -5,8 +5,8 @@
 // only the cost differs, so a wrong guess costs a round trip, never an
 // answer.
 //
-// It is internal to idem's modules: the SQL stores (pgstore, mysqlstore)
-// share it.
+// It is internal to idem's modules: the SQL stores (pgstore, mysqlstore,
+// sqlitestore) share it.
 package dupscore
 
 import "sync/atomic"
