@@ -7,14 +7,9 @@ const Migrations = 2
 // for the plan test.
 func (s *Store) StuckStatements() (stuck, held string) { return s.sql.stuck, s.sql.held }
 
-// PinReadFirst makes a ReadFirst store always read first (read true) or
-// always insert first, instead of choosing by what its recent claims met.
-func PinReadFirst(s *Store, read bool) {
-	s.dups.Pin("new")
-	if read {
-		s.dups.Pin("dups")
-	}
-}
+// PinReadFirst makes a ReadFirst store always read first, instead of
+// choosing by what its recent claims met.
+func PinReadFirst(s *Store) { s.dups.Pin("dups") }
 
 // ReadsFirst reports whether a ReadFirst store's next claim would read
 // before it inserts.

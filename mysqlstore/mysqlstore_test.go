@@ -19,20 +19,20 @@ func TestConformance(t *testing.T) {
 		name        string
 		interpolate bool
 		cfg         *mysqlstore.Config
-		pin         string // "read": a ReadFirst store that always reads first
+		alwaysRead  bool // a ReadFirst store pinned to reading first
 	}{
-		{"prepared", false, nil, ""},
-		{"interpolated", true, nil, ""},
-		{"read-first", true, &mysqlstore.Config{ReadFirst: true}, ""},
-		{"read-first/read", true, &mysqlstore.Config{ReadFirst: true}, "read"},
+		{"prepared", false, nil, false},
+		{"interpolated", true, nil, false},
+		{"read-first", true, &mysqlstore.Config{ReadFirst: true}, false},
+		{"read-first/read", true, &mysqlstore.Config{ReadFirst: true}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, storetest.Harness{
 				NewStore: func(t *testing.T) idemstore.Store {
 					s := newFixtureOn(t, sharedDB(t, c.interpolate), c.cfg).store
-					if c.pin == "read" {
-						mysqlstore.PinReadFirst(s, true)
+					if c.alwaysRead {
+						mysqlstore.PinReadFirst(s)
 					}
 					return s
 				},
