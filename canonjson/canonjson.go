@@ -292,81 +292,93 @@ func utf16Unit(r rune) int {
 	return int(hi)<<10 | int(r&0x3ff)
 }
 
+// endsPlainRun marks the bytes that end a run of string characters that can
+// be copied as they are: the closing quote, a backslash, and the control
+// characters, which JSON does not allow unescaped.
+var endsPlainRun = func() (t [256]bool) {
+	for ch := range 0x20 {
+		t[ch] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
 // str reads a JSON string at c.pos and writes its canonical form to c.dst.
 // When decode is set it also appends the decoded string to into and returns
 // it.
 func (c *canonicalizer) str(into []byte, decode bool) ([]byte, error) {
-	c.pos++ // opening quote
-	c.dst = append(c.dst, '"')
+	// src, pos and dst are kept in locals, and stored back in c before
+	// returning, so that the loops below do not write c.pos to memory for
+	// every byte.
+	src, pos := c.src, c.pos+1 // after the opening quote
+	dst := append(c.dst, '"')
 	for {
 		// Copy the run of characters that need no escaping in one step.
-		start := c.pos
-		for c.pos < len(c.src) {
-			ch := c.src[c.pos]
-			if ch == '"' || ch == '\\' || ch < 0x20 {
-				break
-			}
-			c.pos++
+		start := pos
+		for pos < len(src) && !endsPlainRun[src[pos]] {
+			pos++
 		}
-		c.dst = append(c.dst, c.src[start:c.pos]...)
+		dst = append(dst, src[start:pos]...)
 		if decode {
-			into = append(into, c.src[start:c.pos]...)
+			into = append(into, src[start:pos]...)
 		}
-		if c.pos >= len(c.src) {
+		c.pos, c.dst = pos, dst
+		if pos >= len(src) {
 			return into, c.errorf("unterminated string")
 		}
-		ch := c.src[c.pos]
+		ch := src[pos]
 		switch {
 		case ch == '"':
 			c.pos++
-			c.dst = append(c.dst, '"')
+			c.dst = append(dst, '"')
 			return into, nil
 		case ch < 0x20:
 			return into, c.errorf("unescaped control character in string")
 		}
 		// An escape sequence.
-		if c.pos+1 >= len(c.src) {
+		if pos+1 >= len(src) {
 			return into, c.errorf("unterminated escape")
 		}
 		var r rune
-		switch e := c.src[c.pos+1]; e {
+		switch e := src[pos+1]; e {
 		case '"', '\\', '/':
 			r = rune(e)
-			c.pos += 2
+			pos += 2
 		case 'b':
-			r, c.pos = '\b', c.pos+2
+			r, pos = '\b', pos+2
 		case 'f':
-			r, c.pos = '\f', c.pos+2
+			r, pos = '\f', pos+2
 		case 'n':
-			r, c.pos = '\n', c.pos+2
+			r, pos = '\n', pos+2
 		case 'r':
-			r, c.pos = '\r', c.pos+2
+			r, pos = '\r', pos+2
 		case 't':
-			r, c.pos = '\t', c.pos+2
+			r, pos = '\t', pos+2
 		case 'u':
-			u, ok := c.hex4(c.pos + 2)
+			u, ok := c.hex4(pos + 2)
 			if !ok {
 				return into, c.errorf("bad \\u escape")
 			}
-			c.pos += 6
+			pos += 6
 			r = rune(u)
 			if utf16.IsSurrogate(r) {
 				lo, ok := rune(0), false
-				if r < 0xdc00 && c.pos+1 < len(c.src) && c.src[c.pos] == '\\' && c.src[c.pos+1] == 'u' {
+				if r < 0xdc00 && pos+1 < len(src) && src[pos] == '\\' && src[pos+1] == 'u' {
 					var v uint16
-					if v, ok = c.hex4(c.pos + 2); ok {
+					if v, ok = c.hex4(pos + 2); ok {
 						lo = rune(v)
 					}
 				}
 				if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
+					c.pos = pos
 					return into, c.errorf("escaped lone surrogate")
 				}
-				c.pos += 6
+				pos += 6
 			}
 		default:
 			return into, c.errorf("bad escape \\%c", e)
 		}
-		c.dst = appendCanonicalRune(c.dst, r)
+		dst = appendCanonicalRune(dst, r)
 		if decode {
 			into = utf8.AppendRune(into, r)
 		}
