@@ -56,9 +56,12 @@ func Append(dst, src []byte) ([]byte, error) {
 var canonPool = sync.Pool{New: func() any { return new(canonicalizer) }}
 
 // member locates one object member while its object is being sorted: its
-// decoded name in keys and its serialised "name":value in dst.
+// decoded name and its serialised "name":value in dst. A name without
+// escapes is its own decoded form, so it is read where it stands in src;
+// only a name with an escape is decoded, into keys.
 type member struct {
-	keyStart, keyEnd int
+	keyStart, keyEnd int  // the name in src, or in keys if decoded is set
+	decoded          bool // the name had an escape
 	outStart, outEnd int
 }
 
@@ -66,7 +69,7 @@ type canonicalizer struct {
 	src     []byte
 	pos     int
 	dst     []byte
-	keys    []byte   // decoded member names of the open objects
+	keys    []byte   // decoded member names (those with escapes) of the open objects
 	members []member // members of the open objects, innermost last
 	scratch []byte   // reordering buffer
 }
@@ -122,7 +125,7 @@ func (c *canonicalizer) value(depth int) error {
 	case ch == '[':
 		return c.array(depth + 1)
 	case ch == '"':
-		_, err := c.str(nil, false)
+		_, err := c.str(false)
 		return err
 	case ch == '-' || (ch >= '0' && ch <= '9'):
 		return c.number()
@@ -193,12 +196,17 @@ func (c *canonicalizer) object(depth int) error {
 		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
 			return c.errorf("expected a member name")
 		}
-		m := member{outStart: len(c.dst), keyStart: len(c.keys)}
-		var err error
-		if c.keys, err = c.str(c.keys, true); err != nil {
+		m := member{outStart: len(c.dst), keyStart: c.pos + 1}
+		decoded := len(c.keys)
+		escaped, err := c.str(true)
+		if err != nil {
 			return err
 		}
-		m.keyEnd = len(c.keys)
+		if escaped {
+			m.keyStart, m.keyEnd, m.decoded = decoded, len(c.keys), true
+		} else {
+			m.keyEnd = c.pos - 1 // before the closing quote
+		}
 		c.skipSpace()
 		if c.pos >= len(c.src) || c.src[c.pos] != ':' {
 			return c.errorf("expected ':' after a member name")
@@ -231,7 +239,12 @@ func (c *canonicalizer) object(depth int) error {
 // sortMembers puts the members of the object just written into RFC 8785
 // order and rejects duplicate names.
 func (c *canonicalizer) sortMembers(ms []member) error {
-	name := func(m member) []byte { return c.keys[m.keyStart:m.keyEnd] }
+	name := func(m member) []byte {
+		if m.decoded {
+			return c.keys[m.keyStart:m.keyEnd]
+		}
+		return c.src[m.keyStart:m.keyEnd]
+	}
 	sorted := true
 	for i := 1; i < len(ms); i++ {
 		if compareUTF16(name(ms[i-1]), name(ms[i])) >= 0 {
@@ -304,9 +317,10 @@ var endsPlainRun = func() (t [256]bool) {
 }()
 
 // str reads a JSON string at c.pos and writes its canonical form to c.dst.
-// When decode is set it also appends the decoded string to into and returns
-// it.
-func (c *canonicalizer) str(into []byte, decode bool) ([]byte, error) {
+// It reports whether the string had an escape; if it had one and decode is
+// set, it also appends the decoded string to c.keys. (Without an escape the
+// decoded string is the text between the quotes.)
+func (c *canonicalizer) str(decode bool) (escaped bool, err error) {
 	// src, pos and dst are kept in locals, and stored back in c before
 	// returning, so that the loops below do not write c.pos to memory for
 	// every byte.
@@ -319,25 +333,30 @@ func (c *canonicalizer) str(into []byte, decode bool) ([]byte, error) {
 			pos++
 		}
 		dst = append(dst, src[start:pos]...)
-		if decode {
-			into = append(into, src[start:pos]...)
+		if decode && escaped {
+			c.keys = append(c.keys, src[start:pos]...)
 		}
 		c.pos, c.dst = pos, dst
 		if pos >= len(src) {
-			return into, c.errorf("unterminated string")
+			return escaped, c.errorf("unterminated string")
 		}
 		ch := src[pos]
 		switch {
 		case ch == '"':
 			c.pos++
 			c.dst = append(dst, '"')
-			return into, nil
+			return escaped, nil
 		case ch < 0x20:
-			return into, c.errorf("unescaped control character in string")
+			return escaped, c.errorf("unescaped control character in string")
 		}
-		// An escape sequence.
+		// An escape sequence. At the first one, the decoded string so far
+		// is the run just copied.
+		if decode && !escaped {
+			c.keys = append(c.keys, src[start:pos]...)
+		}
+		escaped = true
 		if pos+1 >= len(src) {
-			return into, c.errorf("unterminated escape")
+			return escaped, c.errorf("unterminated escape")
 		}
 		var r rune
 		switch e := src[pos+1]; e {
@@ -357,7 +376,7 @@ func (c *canonicalizer) str(into []byte, decode bool) ([]byte, error) {
 		case 'u':
 			u, ok := c.hex4(pos + 2)
 			if !ok {
-				return into, c.errorf("bad \\u escape")
+				return escaped, c.errorf("bad \\u escape")
 			}
 			pos += 6
 			r = rune(u)
@@ -371,16 +390,16 @@ func (c *canonicalizer) str(into []byte, decode bool) ([]byte, error) {
 				}
 				if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
 					c.pos = pos
-					return into, c.errorf("escaped lone surrogate")
+					return escaped, c.errorf("escaped lone surrogate")
 				}
 				pos += 6
 			}
 		default:
-			return into, c.errorf("bad escape \\%c", e)
+			return escaped, c.errorf("bad escape \\%c", e)
 		}
 		dst = appendCanonicalRune(dst, r)
 		if decode {
-			into = utf8.AppendRune(into, r)
+			c.keys = utf8.AppendRune(c.keys, r)
 		}
 	}
 }
