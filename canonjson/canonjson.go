@@ -236,31 +236,70 @@ func (c *canonicalizer) object(depth int) error {
 	return c.sortMembers(c.members[base:])
 }
 
+// name returns the decoded name of m.
+func (c *canonicalizer) name(m *member) []byte {
+	if m.decoded {
+		return c.keys[m.keyStart:m.keyEnd]
+	}
+	return c.src[m.keyStart:m.keyEnd]
+}
+
+// smallObject is the most members an object may have to be sorted by
+// insertion. On members already in order insertion sort makes one pass of
+// n-1 comparisons, like the check the general path starts with; on a
+// handful of members out of order it beats slices.SortFunc; and it finds
+// duplicates as it goes, where the general path needs a pass of its own.
+const smallObject = 12
+
 // sortMembers puts the members of the object just written into RFC 8785
 // order and rejects duplicate names.
 func (c *canonicalizer) sortMembers(ms []member) error {
-	name := func(m member) []byte {
-		if m.decoded {
-			return c.keys[m.keyStart:m.keyEnd]
-		}
-		return c.src[m.keyStart:m.keyEnd]
-	}
-	sorted := true
-	for i := 1; i < len(ms); i++ {
-		if compareUTF16(name(ms[i-1]), name(ms[i])) >= 0 {
-			sorted = false
-			break
-		}
-	}
-	if !sorted {
-		start := ms[0].outStart
-		c.scratch = append(c.scratch[:0], c.dst[start:]...)
-		slices.SortFunc(ms, func(a, b member) int { return compareUTF16(name(a), name(b)) })
+	start := ms[0].outStart // where the first member was written
+	moved := false
+	if len(ms) <= smallObject {
+		// Insertion sort: the members before i are in order and have
+		// distinct names; member i moves down past those with greater
+		// names. Since those are in increasing order, a member with the
+		// same name as member i is met before any with a smaller one, so
+		// every duplicate is found.
 		for i := 1; i < len(ms); i++ {
-			if compareUTF16(name(ms[i-1]), name(ms[i])) == 0 {
-				return fmt.Errorf("%w: duplicate member name %q", ErrInvalid, name(ms[i]))
+			m := ms[i]
+			key := c.name(&m)
+			j := i
+			for ; j > 0; j-- {
+				d := compareUTF16(c.name(&ms[j-1]), key)
+				if d == 0 {
+					return fmt.Errorf("%w: duplicate member name %q", ErrInvalid, key)
+				}
+				if d < 0 {
+					break
+				}
+				ms[j] = ms[j-1]
+			}
+			if j != i {
+				ms[j] = m
+				moved = true
 			}
 		}
+	} else {
+		for i := 1; i < len(ms); i++ {
+			if compareUTF16(c.name(&ms[i-1]), c.name(&ms[i])) >= 0 {
+				moved = true
+				break
+			}
+		}
+		if moved {
+			slices.SortFunc(ms, func(a, b member) int { return compareUTF16(c.name(&a), c.name(&b)) })
+			for i := 1; i < len(ms); i++ {
+				if compareUTF16(c.name(&ms[i-1]), c.name(&ms[i])) == 0 {
+					return fmt.Errorf("%w: duplicate member name %q", ErrInvalid, c.name(&ms[i]))
+				}
+			}
+		}
+	}
+	if moved {
+		// Write the members again in their new order.
+		c.scratch = append(c.scratch[:0], c.dst[start:]...)
 		c.dst = c.dst[:start]
 		for i, m := range ms {
 			if i > 0 {
