@@ -313,35 +313,42 @@ func (c *canonicalizer) sortMembers(ms []member) error {
 }
 
 // compareUTF16 orders two UTF-8 strings by their UTF-16 code units, as
-// RFC 8785 requires. It differs from byte order only where a character above
-// U+FFFF (a surrogate pair, 0xD800-0xDBFF first) meets one in U+E000-U+FFFF.
+// RFC 8785 requires. Both must be valid UTF-8, as member names are: src has
+// passed utf8.Valid, and decoded names are written with utf8.AppendRune.
+//
+// UTF-8 byte order is code point order. UTF-16 order is code point order too,
+// except that a character above U+FFFF, written as a surrogate pair whose
+// first unit is in D800-DBFF, comes before one in U+E000-U+FFFF. So the
+// strings are compared byte by byte, and only the first byte where they
+// differ needs a closer look. The bytes before it are the same in both
+// strings, so either both differing bytes start a character or both are
+// continuation bytes of characters that began with the same bytes:
+//
+//   - Continuation bytes: the two characters have the same lead byte, so
+//     the same length, and are either both in the BMP (lead below 0xF0; as
+//     valid UTF-8 holds no surrogates, each is its own UTF-16 unit) or both
+//     above U+FFFF (lead 0xF0-0xF4; surrogate pairs keep code point order).
+//     Either way UTF-16 order is code point order is byte order.
+//   - Lead bytes (or ASCII): they differ, so do the characters, and byte
+//     order is code point order. UTF-16 disagrees only for a lead byte from
+//     0xF0 up (above U+FFFF) against 0xEE or 0xEF (U+E000-U+FFFF); 0xED
+//     (U+D000-U+D7FF) is below the surrogates in UTF-16 as in UTF-8.
 func compareUTF16(a, b []byte) int {
-	for len(a) > 0 && len(b) > 0 {
-		if a[0] < utf8.RuneSelf && b[0] < utf8.RuneSelf {
-			if a[0] != b[0] {
-				return int(a[0]) - int(b[0])
-			}
-			a, b = a[1:], b[1:]
+	n := min(len(a), len(b))
+	for i, x := range a[:n] {
+		y := b[i]
+		if x == y {
 			continue
 		}
-		ra, na := utf8.DecodeRune(a)
-		rb, nb := utf8.DecodeRune(b)
-		if ra != rb {
-			return utf16Unit(ra) - utf16Unit(rb)
+		switch {
+		case x >= 0xf0 && (y == 0xee || y == 0xef):
+			return -1
+		case y >= 0xf0 && (x == 0xee || x == 0xef):
+			return 1
 		}
-		a, b = a[na:], b[nb:]
+		return int(x) - int(y)
 	}
 	return len(a) - len(b)
-}
-
-// utf16Unit returns a value that orders r as its first UTF-16 code unit
-// would, breaking ties between supplementary characters by code point.
-func utf16Unit(r rune) int {
-	if r < 0x10000 {
-		return int(r) << 10
-	}
-	hi, _ := utf16.EncodeRune(r)
-	return int(hi)<<10 | int(r&0x3ff)
 }
 
 // endsPlainRun marks the bytes that end a run of string characters that can
