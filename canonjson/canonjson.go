@@ -105,14 +105,17 @@ func (c *canonicalizer) errorf(format string, args ...any) error {
 }
 
 func (c *canonicalizer) skipSpace() {
-	for c.pos < len(c.src) {
-		switch c.src[c.pos] {
+	src, pos := c.src, c.pos
+	// No byte above ' ' is space; most calls find none at all.
+	for pos < len(src) && src[pos] <= ' ' {
+		switch src[pos] {
 		case ' ', '\t', '\n', '\r':
-			c.pos++
-		default:
-			return
+			pos++
+			continue
 		}
+		break
 	}
+	c.pos = pos
 }
 
 func (c *canonicalizer) value(depth int) error {
