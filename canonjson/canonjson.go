@@ -257,8 +257,10 @@ const smallObject = 12
 // sortMembers puts the members of the object just written into RFC 8785
 // order and rejects duplicate names.
 func (c *canonicalizer) sortMembers(ms []member) error {
-	start := ms[0].outStart // where the first member was written
-	moved := false
+	// The members that move are those from lo to hi; the ones before lo
+	// and after hi stay where they were written.
+	start, end := ms[0].outStart, len(c.dst)
+	lo, hi := len(ms), -1
 	if len(ms) <= smallObject {
 		// Insertion sort: the members before i are in order and have
 		// distinct names; member i moves down past those with greater
@@ -281,17 +283,17 @@ func (c *canonicalizer) sortMembers(ms []member) error {
 			}
 			if j != i {
 				ms[j] = m
-				moved = true
+				lo, hi = min(lo, j), i
 			}
 		}
 	} else {
 		for i := 1; i < len(ms); i++ {
 			if compareUTF16(c.name(&ms[i-1]), c.name(&ms[i])) >= 0 {
-				moved = true
+				lo, hi = 0, len(ms)-1
 				break
 			}
 		}
-		if moved {
+		if lo <= hi {
 			slices.SortFunc(ms, func(a, b member) int { return compareUTF16(c.name(&a), c.name(&b)) })
 			for i := 1; i < len(ms); i++ {
 				if compareUTF16(c.name(&ms[i-1]), c.name(&ms[i])) == 0 {
@@ -300,15 +302,26 @@ func (c *canonicalizer) sortMembers(ms []member) error {
 			}
 		}
 	}
-	if moved {
-		// Write the members again in their new order.
-		c.scratch = append(c.scratch[:0], c.dst[start:]...)
-		c.dst = c.dst[:start]
-		for i, m := range ms {
+	if lo <= hi {
+		// Members lo to hi are now those that were written there, in
+		// another order, so they fill the same bytes: from after the
+		// comma that ends member lo-1 to before the one that starts
+		// member hi+1. Write them again in place.
+		from, to := start, end
+		if lo > 0 {
+			from = ms[lo-1].outEnd + 1
+		}
+		if hi < len(ms)-1 {
+			to = ms[hi+1].outStart - 1
+		}
+		c.scratch = append(c.scratch[:0], c.dst[from:to]...)
+		n := from
+		for i, m := range ms[lo : hi+1] {
 			if i > 0 {
-				c.dst = append(c.dst, ',')
+				c.dst[n] = ','
+				n++
 			}
-			c.dst = append(c.dst, c.scratch[m.outStart-start:m.outEnd-start]...)
+			n += copy(c.dst[n:], c.scratch[m.outStart-from:m.outEnd-from])
 		}
 	}
 	c.dst = append(c.dst, '}')
