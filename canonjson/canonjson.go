@@ -536,6 +536,15 @@ func (c *canonicalizer) number() error {
 		}
 	}
 	intDigits := src[intStart:c.pos]
+	if (c.pos >= len(src) || (src[c.pos] != '.' && src[c.pos] != 'e' && src[c.pos] != 'E')) && len(intDigits) <= 21 {
+		// A plain integer is already in canonical form, but for -0: up to
+		// 21 digits ECMAScript writes an integer as its digits.
+		if neg && intDigits[0] != '0' {
+			c.dst = append(c.dst, '-')
+		}
+		c.dst = append(c.dst, intDigits...)
+		return nil
+	}
 	var fracDigits []byte
 	if c.pos < len(src) && src[c.pos] == '.' {
 		c.pos++
