@@ -536,9 +536,11 @@ func (c *canonicalizer) number() error {
 		}
 	}
 	intDigits := src[intStart:c.pos]
-	if (c.pos >= len(src) || (src[c.pos] != '.' && src[c.pos] != 'e' && src[c.pos] != 'E')) && len(intDigits) <= 21 {
-		// A plain integer is already in canonical form, but for -0: up to
-		// 21 digits ECMAScript writes an integer as its digits.
+	plain := c.pos >= len(src) || (src[c.pos] != '.' && src[c.pos] != 'e' && src[c.pos] != 'E')
+	if plain && len(intDigits) <= 21 {
+		// An integer of up to 21 digits, without fraction or exponent, is
+		// already canonical (ECMAScript writes it digit for digit), except
+		// that -0 is written 0.
 		if neg && intDigits[0] != '0' {
 			c.dst = append(c.dst, '-')
 		}
