@@ -56,9 +56,12 @@ func Append(dst, src []byte) ([]byte, error) {
 var canonPool = sync.Pool{New: func() any { return new(canonicalizer) }}
 
 // member locates one object member while its object is being sorted: its
-// decoded name in keys and its serialised "name":value in dst.
+// decoded name and its serialised "name":value in dst. A name without
+// escapes is its own decoded form, so it is read where it stands in src;
+// only a name with an escape is decoded, into keys.
 type member struct {
-	keyStart, keyEnd int
+	keyStart, keyEnd int  // the name in src, or in keys if decoded is set
+	decoded          bool // the name had an escape
 	outStart, outEnd int
 }
 
@@ -66,7 +69,7 @@ type canonicalizer struct {
 	src     []byte
 	pos     int
 	dst     []byte
-	keys    []byte   // decoded member names of the open objects
+	keys    []byte   // decoded member names (those with escapes) of the open objects
 	members []member // members of the open objects, innermost last
 	scratch []byte   // reordering buffer
 }
@@ -102,14 +105,17 @@ func (c *canonicalizer) errorf(format string, args ...any) error {
 }
 
 func (c *canonicalizer) skipSpace() {
-	for c.pos < len(c.src) {
-		switch c.src[c.pos] {
+	src, pos := c.src, c.pos
+	// No byte above ' ' is space; most calls find none at all.
+	for pos < len(src) && src[pos] <= ' ' {
+		switch src[pos] {
 		case ' ', '\t', '\n', '\r':
-			c.pos++
-		default:
-			return
+			pos++
+			continue
 		}
+		break
 	}
+	c.pos = pos
 }
 
 func (c *canonicalizer) value(depth int) error {
@@ -122,7 +128,7 @@ func (c *canonicalizer) value(depth int) error {
 	case ch == '[':
 		return c.array(depth + 1)
 	case ch == '"':
-		_, err := c.str(nil, false)
+		_, err := c.str(false)
 		return err
 	case ch == '-' || (ch >= '0' && ch <= '9'):
 		return c.number()
@@ -193,12 +199,17 @@ func (c *canonicalizer) object(depth int) error {
 		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
 			return c.errorf("expected a member name")
 		}
-		m := member{outStart: len(c.dst), keyStart: len(c.keys)}
-		var err error
-		if c.keys, err = c.str(c.keys, true); err != nil {
+		m := member{outStart: len(c.dst), keyStart: c.pos + 1}
+		decoded := len(c.keys)
+		escaped, err := c.str(true)
+		if err != nil {
 			return err
 		}
-		m.keyEnd = len(c.keys)
+		if escaped {
+			m.keyStart, m.keyEnd, m.decoded = decoded, len(c.keys), true
+		} else {
+			m.keyEnd = c.pos - 1 // before the closing quote
+		}
 		c.skipSpace()
 		if c.pos >= len(c.src) || c.src[c.pos] != ':' {
 			return c.errorf("expected ':' after a member name")
@@ -228,32 +239,89 @@ func (c *canonicalizer) object(depth int) error {
 	return c.sortMembers(c.members[base:])
 }
 
+// name returns the decoded name of m.
+func (c *canonicalizer) name(m *member) []byte {
+	if m.decoded {
+		return c.keys[m.keyStart:m.keyEnd]
+	}
+	return c.src[m.keyStart:m.keyEnd]
+}
+
+// smallObject is the most members an object may have to be sorted by
+// insertion. On members already in order insertion sort makes one pass of
+// n-1 comparisons, like the check the general path starts with; on a
+// handful of members out of order it beats slices.SortFunc; and it finds
+// duplicates as it goes, where the general path needs a pass of its own.
+const smallObject = 12
+
 // sortMembers puts the members of the object just written into RFC 8785
 // order and rejects duplicate names.
 func (c *canonicalizer) sortMembers(ms []member) error {
-	name := func(m member) []byte { return c.keys[m.keyStart:m.keyEnd] }
-	sorted := true
-	for i := 1; i < len(ms); i++ {
-		if compareUTF16(name(ms[i-1]), name(ms[i])) >= 0 {
-			sorted = false
-			break
+	// The members that move are those from lo to hi; the ones before lo
+	// and after hi stay where they were written.
+	start, end := ms[0].outStart, len(c.dst)
+	lo, hi := len(ms), -1
+	if len(ms) <= smallObject {
+		// Insertion sort: the members before i are in order and have
+		// distinct names; member i moves down past those with greater
+		// names. Since those are in increasing order, a member with the
+		// same name as member i is met before any with a smaller one, so
+		// every duplicate is found.
+		for i := 1; i < len(ms); i++ {
+			m := ms[i]
+			key := c.name(&m)
+			j := i
+			for ; j > 0; j-- {
+				d := compareUTF16(c.name(&ms[j-1]), key)
+				if d == 0 {
+					return fmt.Errorf("%w: duplicate member name %q", ErrInvalid, key)
+				}
+				if d < 0 {
+					break
+				}
+				ms[j] = ms[j-1]
+			}
+			if j != i {
+				ms[j] = m
+				lo, hi = min(lo, j), i
+			}
+		}
+	} else {
+		for i := 1; i < len(ms); i++ {
+			if compareUTF16(c.name(&ms[i-1]), c.name(&ms[i])) >= 0 {
+				lo, hi = 0, len(ms)-1
+				break
+			}
+		}
+		if lo <= hi {
+			slices.SortFunc(ms, func(a, b member) int { return compareUTF16(c.name(&a), c.name(&b)) })
+			for i := 1; i < len(ms); i++ {
+				if compareUTF16(c.name(&ms[i-1]), c.name(&ms[i])) == 0 {
+					return fmt.Errorf("%w: duplicate member name %q", ErrInvalid, c.name(&ms[i]))
+				}
+			}
 		}
 	}
-	if !sorted {
-		start := ms[0].outStart
-		c.scratch = append(c.scratch[:0], c.dst[start:]...)
-		slices.SortFunc(ms, func(a, b member) int { return compareUTF16(name(a), name(b)) })
-		for i := 1; i < len(ms); i++ {
-			if compareUTF16(name(ms[i-1]), name(ms[i])) == 0 {
-				return fmt.Errorf("%w: duplicate member name %q", ErrInvalid, name(ms[i]))
-			}
+	if lo <= hi {
+		// Members lo to hi are now those that were written there, in
+		// another order, so they fill the same bytes: from after the
+		// comma that ends member lo-1 to before the one that starts
+		// member hi+1. Write them again in place.
+		from, to := start, end
+		if lo > 0 {
+			from = ms[lo-1].outEnd + 1
 		}
-		c.dst = c.dst[:start]
-		for i, m := range ms {
+		if hi < len(ms)-1 {
+			to = ms[hi+1].outStart - 1
+		}
+		c.scratch = append(c.scratch[:0], c.dst[from:to]...)
+		n := from
+		for i, m := range ms[lo : hi+1] {
 			if i > 0 {
-				c.dst = append(c.dst, ',')
+				c.dst[n] = ','
+				n++
 			}
-			c.dst = append(c.dst, c.scratch[m.outStart-start:m.outEnd-start]...)
+			n += copy(c.dst[n:], c.scratch[m.outStart-from:m.outEnd-from])
 		}
 	}
 	c.dst = append(c.dst, '}')
@@ -261,114 +329,139 @@ func (c *canonicalizer) sortMembers(ms []member) error {
 }
 
 // compareUTF16 orders two UTF-8 strings by their UTF-16 code units, as
-// RFC 8785 requires. It differs from byte order only where a character above
-// U+FFFF (a surrogate pair, 0xD800-0xDBFF first) meets one in U+E000-U+FFFF.
+// RFC 8785 requires. Both must be valid UTF-8, as member names are: src has
+// passed utf8.Valid, and decoded names are written with utf8.AppendRune.
+//
+// UTF-8 byte order is code point order. UTF-16 order is code point order too,
+// except that a character above U+FFFF, written as a surrogate pair whose
+// first unit is in D800-DBFF, comes before one in U+E000-U+FFFF. So the
+// strings are compared byte by byte, and only the first byte where they
+// differ needs a closer look. The bytes before it are the same in both
+// strings, so either both differing bytes start a character or both are
+// continuation bytes of characters that began with the same bytes:
+//
+//   - Continuation bytes: the two characters have the same lead byte, so
+//     the same length, and are either both in the BMP (lead below 0xF0; as
+//     valid UTF-8 holds no surrogates, each is its own UTF-16 unit) or both
+//     above U+FFFF (lead 0xF0-0xF4; surrogate pairs keep code point order).
+//     Either way UTF-16 order is code point order is byte order.
+//   - Lead bytes (or ASCII): they differ, so do the characters, and byte
+//     order is code point order. UTF-16 disagrees only for a lead byte from
+//     0xF0 up (above U+FFFF) against 0xEE or 0xEF (U+E000-U+FFFF); 0xED
+//     (U+D000-U+D7FF) is below the surrogates in UTF-16 as in UTF-8.
 func compareUTF16(a, b []byte) int {
-	for len(a) > 0 && len(b) > 0 {
-		if a[0] < utf8.RuneSelf && b[0] < utf8.RuneSelf {
-			if a[0] != b[0] {
-				return int(a[0]) - int(b[0])
-			}
-			a, b = a[1:], b[1:]
+	n := min(len(a), len(b))
+	for i, x := range a[:n] {
+		y := b[i]
+		if x == y {
 			continue
 		}
-		ra, na := utf8.DecodeRune(a)
-		rb, nb := utf8.DecodeRune(b)
-		if ra != rb {
-			return utf16Unit(ra) - utf16Unit(rb)
+		switch {
+		case x >= 0xf0 && (y == 0xee || y == 0xef):
+			return -1
+		case y >= 0xf0 && (x == 0xee || x == 0xef):
+			return 1
 		}
-		a, b = a[na:], b[nb:]
+		return int(x) - int(y)
 	}
 	return len(a) - len(b)
 }
 
-// utf16Unit returns a value that orders r as its first UTF-16 code unit
-// would, breaking ties between supplementary characters by code point.
-func utf16Unit(r rune) int {
-	if r < 0x10000 {
-		return int(r) << 10
+// endsPlainRun marks the bytes that end a run of string characters that can
+// be copied as they are: the closing quote, a backslash, and the control
+// characters, which JSON does not allow unescaped.
+var endsPlainRun = func() (t [256]bool) {
+	for ch := range 0x20 {
+		t[ch] = true
 	}
-	hi, _ := utf16.EncodeRune(r)
-	return int(hi)<<10 | int(r&0x3ff)
-}
+	t['"'], t['\\'] = true, true
+	return t
+}()
 
 // str reads a JSON string at c.pos and writes its canonical form to c.dst.
-// When decode is set it also appends the decoded string to into and returns
-// it.
-func (c *canonicalizer) str(into []byte, decode bool) ([]byte, error) {
-	c.pos++ // opening quote
-	c.dst = append(c.dst, '"')
+// It reports whether the string had an escape; if it had one and decode is
+// set, it also appends the decoded string to c.keys. (Without an escape the
+// decoded string is the text between the quotes.)
+func (c *canonicalizer) str(decode bool) (escaped bool, err error) {
+	// src, pos and dst are kept in locals, and stored back in c before
+	// returning, so that the loops below do not write c.pos to memory for
+	// every byte.
+	src, pos := c.src, c.pos+1 // after the opening quote
+	dst := append(c.dst, '"')
 	for {
 		// Copy the run of characters that need no escaping in one step.
-		start := c.pos
-		for c.pos < len(c.src) {
-			ch := c.src[c.pos]
-			if ch == '"' || ch == '\\' || ch < 0x20 {
-				break
-			}
-			c.pos++
+		start := pos
+		for pos < len(src) && !endsPlainRun[src[pos]] {
+			pos++
 		}
-		c.dst = append(c.dst, c.src[start:c.pos]...)
-		if decode {
-			into = append(into, c.src[start:c.pos]...)
+		dst = append(dst, src[start:pos]...)
+		if decode && escaped {
+			c.keys = append(c.keys, src[start:pos]...)
 		}
-		if c.pos >= len(c.src) {
-			return into, c.errorf("unterminated string")
+		c.pos, c.dst = pos, dst
+		if pos >= len(src) {
+			return escaped, c.errorf("unterminated string")
 		}
-		ch := c.src[c.pos]
+		ch := src[pos]
 		switch {
 		case ch == '"':
 			c.pos++
-			c.dst = append(c.dst, '"')
-			return into, nil
+			c.dst = append(dst, '"')
+			return escaped, nil
 		case ch < 0x20:
-			return into, c.errorf("unescaped control character in string")
+			return escaped, c.errorf("unescaped control character in string")
 		}
-		// An escape sequence.
-		if c.pos+1 >= len(c.src) {
-			return into, c.errorf("unterminated escape")
+		// An escape sequence. At the first one, the decoded string so far
+		// is the run just copied.
+		if decode && !escaped {
+			c.keys = append(c.keys, src[start:pos]...)
+		}
+		escaped = true
+		if pos+1 >= len(src) {
+			return escaped, c.errorf("unterminated escape")
 		}
 		var r rune
-		switch e := c.src[c.pos+1]; e {
+		switch e := src[pos+1]; e {
 		case '"', '\\', '/':
 			r = rune(e)
-			c.pos += 2
+			pos += 2
 		case 'b':
-			r, c.pos = '\b', c.pos+2
+			r, pos = '\b', pos+2
 		case 'f':
-			r, c.pos = '\f', c.pos+2
+			r, pos = '\f', pos+2
 		case 'n':
-			r, c.pos = '\n', c.pos+2
+			r, pos = '\n', pos+2
 		case 'r':
-			r, c.pos = '\r', c.pos+2
+			r, pos = '\r', pos+2
 		case 't':
-			r, c.pos = '\t', c.pos+2
+			r, pos = '\t', pos+2
 		case 'u':
-			u, ok := c.hex4(c.pos + 2)
+			u, ok := c.hex4(pos + 2)
 			if !ok {
-				return into, c.errorf("bad \\u escape")
+				return escaped, c.errorf("bad \\u escape")
 			}
-			c.pos += 6
+			pos += 6
 			r = rune(u)
 			if utf16.IsSurrogate(r) {
 				lo, ok := rune(0), false
-				if r < 0xdc00 && c.pos+1 < len(c.src) && c.src[c.pos] == '\\' && c.src[c.pos+1] == 'u' {
+				if r < 0xdc00 && pos+1 < len(src) && src[pos] == '\\' && src[pos+1] == 'u' {
 					var v uint16
-					if v, ok = c.hex4(c.pos + 2); ok {
+					if v, ok = c.hex4(pos + 2); ok {
 						lo = rune(v)
 					}
 				}
 				if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
-					return into, c.errorf("escaped lone surrogate")
+					c.pos = pos
+					return escaped, c.errorf("escaped lone surrogate")
 				}
-				c.pos += 6
+				pos += 6
 			}
 		default:
-			return into, c.errorf("bad escape \\%c", e)
+			return escaped, c.errorf("bad escape \\%c", e)
 		}
-		c.dst = appendCanonicalRune(c.dst, r)
+		dst = appendCanonicalRune(dst, r)
 		if decode {
-			into = utf8.AppendRune(into, r)
+			c.keys = utf8.AppendRune(c.keys, r)
 		}
 	}
 }
@@ -443,6 +536,17 @@ func (c *canonicalizer) number() error {
 		}
 	}
 	intDigits := src[intStart:c.pos]
+	plain := c.pos >= len(src) || (src[c.pos] != '.' && src[c.pos] != 'e' && src[c.pos] != 'E')
+	if plain && len(intDigits) <= 21 {
+		// An integer of up to 21 digits, without fraction or exponent, is
+		// already canonical (ECMAScript writes it digit for digit), except
+		// that -0 is written 0.
+		if neg && intDigits[0] != '0' {
+			c.dst = append(c.dst, '-')
+		}
+		c.dst = append(c.dst, intDigits...)
+		return nil
+	}
 	var fracDigits []byte
 	if c.pos < len(src) && src[c.pos] == '.' {
 		c.pos++
