@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -158,11 +159,27 @@ func freshSchema(t testing.TB, pool *pgxpool.Pool) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+		// DROP … CASCADE locks every object of the schema; a backend
+		// still letting go of them (a connection a test cut mid
+		// transaction) or autovacuum's BRIN summarising can make
+		// PostgreSQL pick it as a deadlock victim. It is then retried.
+		var err error
+		for range 5 {
+			if _, err = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); !isDeadlock(err) {
+				break
+			}
+		}
+		if err != nil {
 			t.Errorf("drop schema %s: %v", name, err)
 		}
 	})
 	return name
+}
+
+// isDeadlock reports whether err is PostgreSQL's deadlock_detected.
+func isDeadlock(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "40P01"
 }
 
 // fixture is a store on a fresh schema. Its own statements (backdating,
