@@ -1,6 +1,7 @@
 package canonjson
 
 import (
+	"cmp"
 	"errors"
 	"math/rand/v2"
 	"slices"
@@ -100,16 +101,6 @@ func utf16Order(a, b string) int {
 	return slices.Compare(utf16.Encode([]rune(a)), utf16.Encode([]rune(b)))
 }
 
-func sign(x int) int {
-	switch {
-	case x < 0:
-		return -1
-	case x > 0:
-		return 1
-	}
-	return 0
-}
-
 func TestCompareUTF16(t *testing.T) {
 	// Characters at the edges of each UTF-8 length and of the ranges where
 	// UTF-8 byte order and UTF-16 order disagree (U+E000..U+FFFF against
@@ -125,7 +116,7 @@ func TestCompareUTF16(t *testing.T) {
 	}
 	for _, a := range hand {
 		for _, b := range hand {
-			if got, want := sign(compareUTF16([]byte(a), []byte(b))), utf16Order(a, b); got != want {
+			if got, want := cmp.Compare(compareUTF16([]byte(a), []byte(b)), 0), utf16Order(a, b); got != want {
 				t.Errorf("compareUTF16(%+q, %+q) = %d, want %d", a, b, got, want)
 			}
 		}
@@ -161,7 +152,7 @@ func TestCompareUTF16(t *testing.T) {
 			prefix = append(prefix, randRune())
 		}
 		a, b := randString(prefix), randString(prefix)
-		if got, want := sign(compareUTF16([]byte(a), []byte(b))), utf16Order(a, b); got != want {
+		if got, want := cmp.Compare(compareUTF16([]byte(a), []byte(b)), 0), utf16Order(a, b); got != want {
 			t.Fatalf("compareUTF16(%+q, %+q) = %d, want %d", a, b, got, want)
 		}
 	}

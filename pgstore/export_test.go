@@ -42,3 +42,6 @@ func PinClaimStatement(s *Store, insert bool) {
 // ClaimsMostlyNew reports whether Claim would start with the INSERT of a
 // new key.
 func ClaimsMostlyNew(s *Store) bool { return s.dups.MostlyNew() }
+
+// SQLState is sqlState: the SQLSTATE of a PostgreSQL error, or "".
+var SQLState = sqlState

@@ -15,7 +15,6 @@ import (
 	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -165,7 +164,7 @@ func freshSchema(t testing.TB, pool *pgxpool.Pool) string {
 		// PostgreSQL pick it as a deadlock victim. It is then retried.
 		var err error
 		for range 5 {
-			if _, err = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); !isDeadlock(err) {
+			if _, err = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); pgstore.SQLState(err) != "40P01" { // not deadlock_detected
 				break
 			}
 		}
@@ -174,12 +173,6 @@ func freshSchema(t testing.TB, pool *pgxpool.Pool) string {
 		}
 	})
 	return name
-}
-
-// isDeadlock reports whether err is PostgreSQL's deadlock_detected.
-func isDeadlock(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "40P01"
 }
 
 // fixture is a store on a fresh schema. Its own statements (backdating,
