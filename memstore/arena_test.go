@@ -10,7 +10,7 @@ import (
 	"github.com/idemhq/idem/idemstore"
 )
 
-// complete claims and completes key with a body of n bytes and a TTL of ttl,
+// completeForTest claims and completes key with a body of n bytes and a TTL of ttl,
 // and returns the record as the shard holds it.
 func completeForTest(t *testing.T, s *Store, key string, n int, ttl time.Duration) ([]byte, record) {
 	t.Helper()
@@ -80,7 +80,7 @@ func TestArenaChunks(t *testing.T) {
 	}
 	for i := range s.shards {
 		for c := range s.shards[i].arena {
-			if s.shards[i].arena[c].buf != nil {
+			if s.shards[i].arena[c] != nil {
 				t.Fatalf("shard %d keeps a chunk of class %d after a sweep", i, c)
 			}
 		}

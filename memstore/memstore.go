@@ -65,7 +65,7 @@ type shard struct {
 	watchers map[recordKey]map[*watch]struct{}
 	// arena holds the chunks completed records' data are carved from
 	// (see carve), by lifetime class.
-	arena [arenaClasses]arenaChunkRef
+	arena [arenaClasses][]byte
 }
 
 type recordKey struct{ scope, key string }
@@ -136,8 +136,8 @@ func (r *record) complete(sh *shard, k recordKey, enc []byte, now int64) recordK
 
 // Completed records' data share chunks of a few dozen kilobytes instead of
 // being an object each: the garbage collector marks a chunk once, where
-// it marked every record's object on every cycle (with 150,000 records,
-// a collection took 18 ms; with 64 KB chunks, 4 ms). A chunk is only
+// it marked every record's object on every cycle (with 150,000 completed
+// records, a collection took 14.4 ms before, 5.3–5.9 ms after). A chunk is only
 // appended to: the bytes a record's data covers are never written again,
 // and a chunk is freed when no record (and no view a caller keeps) points
 // into it any more. Records of like remaining lifetimes share a chunk (one
@@ -164,20 +164,17 @@ func (sh *shard) carve(n int, ttl int64) []byte {
 		class = min(bits.Len64(uint64(ttl))/2, arenaClasses-1)
 	}
 	c := &sh.arena[class]
-	if cap(c.buf)-len(c.buf) < n {
+	if cap(*c)-len(*c) < n {
 		size := arenaFirst
-		if c.buf != nil {
-			size = min(2*cap(c.buf), arenaChunk)
+		if *c != nil {
+			size = min(2*cap(*c), arenaChunk)
 		}
-		c.buf = make([]byte, 0, max(size, n))
+		*c = make([]byte, 0, max(size, n))
 	}
-	start := len(c.buf)
-	c.buf = c.buf[:start+n]
-	return c.buf[start : start : start+n]
+	start := len(*c)
+	*c = (*c)[:start+n]
+	return (*c)[start : start : start+n]
 }
-
-// arenaChunkRef is a shard's current chunk of one lifetime class.
-type arenaChunkRef struct{ buf []byte }
 
 type watch struct{ ch chan struct{} }
 
@@ -431,7 +428,7 @@ func (s *Store) DeleteExpired(ctx context.Context, p idemstore.DeleteExpiredPara
 		sh.mu.Lock()
 		// The current chunks are let go of: a class this shard no longer
 		// fills keeps no chunk past a sweep.
-		sh.arena = [arenaClasses]arenaChunkRef{}
+		sh.arena = [arenaClasses][]byte{}
 		for k, r := range sh.records {
 			if deleted == p.Limit {
 				break
