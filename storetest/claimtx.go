@@ -53,7 +53,7 @@ func testClaimTx(t *testing.T, h Harness) {
 			b.t.Fatalf("tx Complete of a claim made in the transaction: %v", err)
 		}
 		if err := tx.Commit(b.ctx); err != nil {
-			b.t.Fatalf("Commit: %v", err)
+			b.t.Fatalf("Commit: %v (%s)", err, b.describe(p))
 		}
 	}
 

@@ -254,6 +254,24 @@ func (b *bundle) complete(p idemstore.ClaimParams, resp *idemstore.Response) err
 		Response: b.seal(p, resp), Now: b.clock.Now()})
 }
 
+// describe says what the store holds at p's key, for a failure message:
+// the record's state and times as an Inspector reads them, and the time
+// of asking.
+func (b *bundle) describe(p idemstore.ClaimParams) string {
+	in, ok := b.store.(idemstore.Inspector)
+	if !ok {
+		return "the store cannot be inspected"
+	}
+	now := time.Now()
+	ri, err := in.Get(context.WithoutCancel(b.ctx), idemstore.GetParams{Scope: p.Scope, Key: p.Key, Now: b.clock.Now()})
+	if err != nil {
+		return fmt.Sprintf("Get at %s: %v", now.Format(time.RFC3339Nano), err)
+	}
+	return fmt.Sprintf("at %s the record is %v, fingerprint %s, lease until %s, expires %s, fence %d",
+		now.Format(time.RFC3339Nano), ri.State, ri.Fingerprint, ri.LeaseExpiresAt.Format(time.RFC3339Nano),
+		ri.ExpiresAt.Format(time.RFC3339Nano), ri.Fence)
+}
+
 func (b *bundle) release(p idemstore.ClaimParams) error {
 	return b.store.Release(b.ctx, idemstore.ReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Now: b.clock.Now()})
 }
