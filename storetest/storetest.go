@@ -263,7 +263,10 @@ func (b *bundle) describe(p idemstore.ClaimParams) string {
 		return "the store cannot be inspected"
 	}
 	now := time.Now()
-	ri, err := in.Get(context.WithoutCancel(b.ctx), idemstore.GetParams{Scope: p.Scope, Key: p.Key, Now: b.clock.Now()})
+	// Bounded: a store that stalled is why some commits fail.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), 5*time.Second)
+	defer cancel()
+	ri, err := in.Get(ctx, idemstore.GetParams{Scope: p.Scope, Key: p.Key, Now: b.clock.Now()})
 	if err != nil {
 		return fmt.Sprintf("Get at %s: %v", now.Format(time.RFC3339Nano), err)
 	}
