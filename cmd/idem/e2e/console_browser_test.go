@@ -59,8 +59,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	providerAddr, providerDB := freeAddr(t), filepath.Join(tmp, "provider.db")
-	down := startProviderAt(t, providerAddr, providerDB, "--fail-rate", "1")
+	providerDB := filepath.Join(tmp, "provider.db")
+	down := startProviderAt(t, anyPort, providerDB, "--fail-rate", "1")
+	providerAddr := down.addr
 	consoleAddr := freeAddr(t)
 	srv := startProviderServe(t, "serve", "127.0.0.1:0", filepath.Join(tmp, "serve.db"), "http://"+providerAddr, "",
 		"--provider-budget", "300ms", "--reconcile-interval", "0", "--console-addr", consoleAddr, "--console-token-file", tokenFile)

@@ -113,8 +113,7 @@ func TestProviderEncryptedCrashResume(t *testing.T) {
 			keys := keyringFile(t, map[string]string{}, "k1")
 			prov := startProvider(t)
 			db, rows := b.open(t)
-			addr := freeAddr(t)
-			doomed := startProviderServe(t, "serve-enc-doomed", addr, db, prov.url, "after-charge-recorded",
+			doomed := startProviderServe(t, "serve-enc-doomed", anyPort, db, prov.url, "after-charge-recorded",
 				"--reconcile-interval", "0", "--encryption-keys", keys)
 			key := "enc-crash-" + randomName(8)
 			ref := "order-SECRET-" + randomName(6)
@@ -158,7 +157,7 @@ func TestProviderEncryptedCrashResume(t *testing.T) {
 				}
 			}
 
-			again := startProviderServe(t, "serve-enc-restarted", addr, db, prov.url, "", "--reconcile-interval", "0", "--encryption-keys", keys)
+			again := startProviderServe(t, "serve-enc-restarted", doomed.addr, db, prov.url, "", "--reconcile-interval", "0", "--encryption-keys", keys)
 			first, err := postPayment(retryingClient(t), again.url, key, body)
 			if err != nil {
 				t.Fatal(err)
@@ -185,8 +184,8 @@ func TestProviderAcceptPlaintextResumes(t *testing.T) {
 	keys := keyringFile(t, map[string]string{}, "k1")
 	prov := startProvider(t)
 	db := filepath.Join(t.TempDir(), "serve.db")
-	addr := freeAddr(t)
-	doomed := startProviderServe(t, "serve-plain", addr, db, prov.url, "after-payment", "--reconcile-interval", "0")
+	doomed := startProviderServe(t, "serve-plain", anyPort, db, prov.url, "after-payment", "--reconcile-interval", "0")
+	addr := doomed.addr
 	key := "plain-era-" + randomName(8)
 	body := paymentBody(1500, "order-"+key)
 	if r, err := postPayment(httpClient, doomed.url, key, body); err == nil {

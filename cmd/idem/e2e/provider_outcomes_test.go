@@ -47,9 +47,10 @@ func TestProviderDeclineIsFinal(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			prov := startProvider(t, "--decline-rate", "1")
-			db, addr := b.db(t), freeAddr(t)
+			db := b.db(t)
 			args := []string{"--reconcile-interval", "100ms"}
-			s := startProviderServe(t, "serve", addr, db, prov.url, "", args...)
+			s := startProviderServe(t, "serve", anyPort, db, prov.url, "", args...)
+			addr := s.addr
 			key := "declined-" + randomName(8)
 			body := paymentBody(2599, "order-"+key)
 			first, err := postPayment(httpClient, s.url, key, body)

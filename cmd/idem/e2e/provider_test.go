@@ -72,8 +72,17 @@ func (s *server) expectCrash(t *testing.T) {
 	}
 }
 
+// anyPort is the address a server is first started at: the system picks
+// the port, which the server logs (server.addr). A restarted server is
+// started at the address its first run logged, so that its clients' URL
+// stays the same. (Picking a port with freeAddr before the first start
+// raced with other tests' listeners: the port could be taken before the
+// child bound it.)
+const anyPort = "127.0.0.1:0"
+
 // freeAddr returns a loopback address with a port that was free a moment
-// ago, so that a restarted server listens where its clients send.
+// ago, for an address that nothing listens at yet (a provider started
+// later in the test, or never).
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -183,8 +192,8 @@ func TestProviderCrashAtEveryStepBoundary(t *testing.T) {
 				t.Run(point, func(t *testing.T) {
 					t.Parallel()
 					prov := startProvider(t)
-					db, addr := b.db(t), freeAddr(t)
-					doomed := startProviderServe(t, "serve-"+point, addr, db, prov.url, point, "--reconcile-interval", "0")
+					db := b.db(t)
+					doomed := startProviderServe(t, "serve-"+point, anyPort, db, prov.url, point, "--reconcile-interval", "0")
 					key := "crash-" + randomName(8)
 					body := paymentBody(4200, "order-"+key)
 					if r, err := postPayment(httpClient, doomed.url, key, body); err == nil {
@@ -192,7 +201,7 @@ func TestProviderCrashAtEveryStepBoundary(t *testing.T) {
 					}
 					doomed.expectCrash(t)
 
-					again := startProviderServe(t, "serve-restarted", addr, db, prov.url, "", "--reconcile-interval", "0")
+					again := startProviderServe(t, "serve-restarted", doomed.addr, db, prov.url, "", "--reconcile-interval", "0")
 					client := retryingClient(t)
 					first, err := postPayment(client, again.url, key, body)
 					if err != nil {
@@ -237,10 +246,9 @@ func TestProviderFaultsAndKillsExactlyOnce(t *testing.T) {
 func faultsAndKills(t *testing.T, db string) {
 	const payments, workers = 200, 8
 	prov := startProvider(t, "--fail-rate", "0.3", "--drop-rate", "0.3", "--delay", "0")
-	addr := freeAddr(t)
 	serveArgs := []string{"--reconcile-interval", "1s", "--provider-budget", "2s"}
-	cur := startProviderServe(t, "serve-0", addr, db, prov.url, "", serveArgs...)
-	url := cur.url
+	cur := startProviderServe(t, "serve-0", anyPort, db, prov.url, "", serveArgs...)
+	addr, url := cur.addr, cur.url
 
 	client := retryingClient(t)
 	var done atomic.Int64
