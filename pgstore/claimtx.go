@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemhq/idem/idemstore"
 	"github.com/idemhq/idem/pgstore/internal/pgdb"
@@ -30,15 +31,22 @@ import (
 // lock_timeout. A take-over of an abandoned record commits at once, as in
 // Claim, and returns no transaction.
 //
+// While most claims are new, or when ReadFirst's read found no record, the
+// claim is claimTxNewSQL, a plain INSERT that restores lock_timeout itself;
+// if the key turns out to have a record, the claim statement follows in the
+// same transaction (a second round trip). Otherwise the claim statement
+// comes first, followed by the statement restoring lock_timeout.
+//
 // On a Store made by NewDB, database/sql sends BEGIN, the claim, the
-// statement restoring lock_timeout, the completion and COMMIT each in a
-// round trip of its own: five where pgx batches them into two.
+// completion and COMMIT of a new key each in a round trip of its own: four
+// where pgx batches them into two.
 func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore.ClaimResult, idemstore.Tx, error) {
-	if r, ok, err := s.answerFirst(ctx, p); ok || err != nil {
+	r, ok, insert, err := s.answerFirst(ctx, p)
+	if ok || err != nil {
 		return r, nil, err
 	}
 	for range claimAttempts {
-		r, tx, ok, err := s.claimTxOnce(ctx, p)
+		r, tx, ok, err := s.claimTxOnce(ctx, p, insert)
 		switch {
 		case sqlState(err) == "55P03":
 			// lock_not_available: another transaction holds an
@@ -61,12 +69,14 @@ func (s *Store) ClaimTx(ctx context.Context, p idemstore.ClaimParams) (idemstore
 // of the transaction.
 const restoreLockTimeout = "SET LOCAL lock_timeout TO DEFAULT"
 
-// claimTxOnce acquires a connection and sends, in one round trip, BEGIN,
-// ClaimTx's claim statement and the statement that restores lock_timeout.
-// It returns the transaction open only for a new record.
-func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams) (res idemstore.ClaimResult, open idemstore.Tx, ok bool, err error) {
+// claimTxOnce acquires a connection and sends, in one round trip, BEGIN
+// and, with insert, claimTxNewSQL; when that inserts nothing (the key has
+// a record), or without insert, it sends ClaimTx's claim statement and the
+// statement that restores lock_timeout, in the same transaction. It
+// returns the transaction open only for a new record.
+func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams, insert bool) (res idemstore.ClaimResult, open idemstore.Tx, ok bool, err error) {
 	if s.pool == nil {
-		return s.claimSQLTxOnce(ctx, p)
+		return s.claimSQLTxOnce(ctx, p, insert)
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -74,8 +84,11 @@ func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams) (res i
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(s.claimTxSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait)
-	b.Queue(restoreLockTimeout)
+	if insert {
+		b.Queue(s.claimTxNewSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait)
+	} else {
+		s.queueClaimTx(b, p)
+	}
 	br := conn.SendBatch(ctx, b)
 	ct := &claimedTx{storeTx: storeTx{s: s, tx: pgdb.PgxTx{T: br.Tx()}}, conn: conn}
 	defer func() {
@@ -84,14 +97,31 @@ func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams) (res i
 		}
 	}()
 	_, err = br.Exec()
+	inserted := false
 	if err == nil {
-		res, ok, err = claimResult(p, br.QueryRow())
-	}
-	if err == nil {
-		_, err = br.Exec()
+		if insert {
+			res, inserted, err = insertedClaim(p, br.QueryRow())
+		} else {
+			res, ok, err = s.claimTxResult(p, br)
+		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && insert && !inserted {
+		// The key has a record, or a claim of it committed before the
+		// INSERT looked: the claim statement decides, in this
+		// transaction.
+		b := &pgx.Batch{}
+		s.queueClaimTx(b, p)
+		br := conn.SendBatch(ctx, b)
+		res, ok, err = s.claimTxResult(p, br)
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if inserted {
+		ok = true
 	}
 	if err != nil || !ok || res.Outcome != idemstore.ClaimAcquired {
 		return res, nil, ok, err
@@ -105,10 +135,46 @@ func (s *Store) claimTxOnce(ctx context.Context, p idemstore.ClaimParams) (res i
 	return res, ct, true, nil
 }
 
+// queueClaimTx queues ClaimTx's claim statement and the statement that
+// restores lock_timeout after it.
+func (s *Store) queueClaimTx(b *pgx.Batch, p idemstore.ClaimParams) {
+	b.Queue(s.claimTxSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait)
+	b.Queue(restoreLockTimeout)
+}
+
+// claimTxResult reads the results of what queueClaimTx queued.
+func (s *Store) claimTxResult(p idemstore.ClaimParams, br pgx.BatchResults) (res idemstore.ClaimResult, ok bool, err error) {
+	res, ok, err = claimResult(p, br.QueryRow())
+	if err == nil {
+		_, err = br.Exec()
+	}
+	return res, ok, err
+}
+
+// insertedClaim reads claimTxNewSQL's row: inserted is false when it
+// returned none (the key has a record).
+func insertedClaim(p idemstore.ClaimParams, row pgdb.Row) (res idemstore.ClaimResult, inserted bool, err error) {
+	var (
+		leaseEnd, expiresAt time.Time
+		fence               int64
+		restored            string
+	)
+	err = row.Scan(&leaseEnd, &expiresAt, &fence, &restored)
+	if pgdb.IsNoRows(err) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	return idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: idemstore.Record{
+		State: idemstore.StateInFlight, Fingerprint: p.Fingerprint, ExpiresAt: expiresAt, LeaseExpiresAt: leaseEnd, Fence: fence,
+	}}, true, nil
+}
+
 // claimSQLTxOnce is claimTxOnce on database/sql, one statement at a time.
 // The transaction it returns is a plain storeTx: its Complete runs the
 // completion in the transaction, as CompleteTx does.
-func (s *Store) claimSQLTxOnce(ctx context.Context, p idemstore.ClaimParams) (res idemstore.ClaimResult, open idemstore.Tx, ok bool, err error) {
+func (s *Store) claimSQLTxOnce(ctx context.Context, p idemstore.ClaimParams, insert bool) (res idemstore.ClaimResult, open idemstore.Tx, ok bool, err error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return res, nil, false, err
@@ -118,6 +184,15 @@ func (s *Store) claimSQLTxOnce(ctx context.Context, p idemstore.ClaimParams) (re
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
+	if insert {
+		res, inserted, err := insertedClaim(p, tx.QueryRow(ctx, s.claimTxNewSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait))
+		if err != nil {
+			return res, nil, false, err
+		}
+		if inserted {
+			return res, &storeTx{s: s, tx: tx}, true, nil
+		}
+	}
 	res, ok, err = claimResult(p, tx.QueryRow(ctx, s.claimTxSQL, p.Scope, p.Key, p.Fingerprint, p.Token, p.Lease, p.TTL, s.claimTxWait))
 	if err != nil || !ok || res.Outcome != idemstore.ClaimAcquired {
 		return res, nil, ok, err

@@ -55,6 +55,55 @@ func testClaimTxDuplicateWaitsClaimTxWait(t *testing.T, mode string) {
 	}
 }
 
+// Whichever statement ClaimTx's claim starts with, the transaction it
+// returns runs the operation's statements with the session's lock_timeout,
+// not ClaimTxWait: the INSERT of a new key (which restores it itself), the
+// claim statement, and the INSERT that finds an expired record, which the
+// claim statement then replaces in the same transaction.
+func TestClaimTxRestoresLockTimeout(t *testing.T) {
+	t.Parallel()
+	eachMode(t, func(t *testing.T, mode string) {
+		for _, c := range []struct {
+			name           string
+			insert, expire bool
+		}{
+			{"insert", true, false},
+			{"claim statement", false, false},
+			{"insert meets an expired record", true, true},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				f := newFixtureIn(t, mode, &pgstore.Config{ClaimTxWait: 50 * time.Millisecond})
+				pgstore.PinClaimStatement(f.store, c.insert)
+				p := claimParams("scope", "lock-timeout")
+				if c.expire {
+					mustClaim(t, f.store, p, idemstore.ClaimAcquired)
+					f.exec(t, "UPDATE "+f.table+" SET expires_at = statement_timestamp() - interval '1 second'")
+					p.Token = newToken()
+				}
+				r, tx, err := f.store.ClaimTx(t.Context(), p)
+				if err != nil || r.Outcome != idemstore.ClaimAcquired || tx == nil {
+					t.Fatalf("ClaimTx = %v, tx %v, %v; want acquired with a transaction", r.Outcome, tx != nil, err)
+				}
+				defer func() { _ = tx.Rollback(context.Background()) }()
+				if r.TookOver || r.Record.Fence == 0 || r.Record.Fingerprint != p.Fingerprint || !r.Record.LeaseExpiresAt.After(time.Now()) {
+					t.Errorf("ClaimTx's record = %+v (took over %v), want a new in-flight record with a fence and a lease", r.Record, r.TookOver)
+				}
+				var inTx, outside string
+				if err := nativeQueryRow(t.Context(), tx.Native(), "SHOW lock_timeout").Scan(&inTx); err != nil {
+					t.Fatal(err)
+				}
+				if err := f.pool.QueryRow(t.Context(), "SHOW lock_timeout").Scan(&outside); err != nil {
+					t.Fatal(err)
+				}
+				if inTx != outside {
+					t.Errorf("lock_timeout in the claim's transaction = %q, want the session's %q", inTx, outside)
+				}
+			})
+		}
+	})
+}
+
 func TestClaimTxWaitValidated(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
